@@ -1,0 +1,1 @@
+"""Pure data: identity, states, journal entries, fence observations, results. No I/O."""

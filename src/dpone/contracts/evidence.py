@@ -1,0 +1,69 @@
+"""Safe metadata and evidence: allow-listed keys, scalar values, nothing secret (section 11)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from dpone.errors import UnsafeValue
+
+__all__ = ["EVIDENCE_KEYS", "Scalar", "SafeMapping", "looks_secret", "safe_mapping"]
+
+Scalar = str | int | float | bool | None
+SafeMapping = Mapping[str, Scalar]
+
+#: Every key that may appear in journal metadata, results, transition evidence or audit.
+EVIDENCE_KEYS: frozenset[str] = frozenset(
+    {
+        "action", "attestation", "batches", "capability", "connector", "content_digest",
+        "dag_id", "dag_run", "deployment_id", "dpone_version", "duration_ms", "error_code",
+        "fence_epoch", "fence_state", "interval", "lease_epoch", "mode", "outcome", "owner",
+        "pack_fingerprint", "partition", "principal", "reason", "recovery_ref", "release_id",
+        "row_count", "rows_skipped", "rows_written", "source_identity", "source_kind",
+        "strategy", "table", "target_identity", "target_kind", "workload_id", "task_id",
+        "map_index",
+    }
+)
+
+_SECRET_PATTERNS = (
+    re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE),  # URL with user info
+    re.compile(r"(?i)(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)\s*[=:]"),
+    re.compile(r"(?i)\bbearer\s+[a-z0-9._~+/=-]{8,}"),
+    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"(?i)[?&](x-amz-signature|signature|sig)="),
+)
+_MAX_TEXT = 2048
+
+
+def looks_secret(text: str) -> bool:
+    """Return True when ``text`` looks like a credential, a DSN with a password or a signed URL."""
+    return any(p.search(text) for p in _SECRET_PATTERNS)
+
+
+def safe_mapping(
+    values: Mapping[str, object] | None, *, allowed: frozenset[str] = EVIDENCE_KEYS
+) -> SafeMapping:
+    """Validate and freeze ``values``: allow-listed keys, scalar values, no secrets.
+
+    Raises:
+        UnsafeValue: a key is not allowed, a value is not a scalar, too long, or looks secret.
+    """
+    if not values:
+        return MappingProxyType({})
+    out: dict[str, Scalar] = {}
+    for key, value in values.items():
+        if key not in allowed:
+            raise UnsafeValue(f"evidence key {key!r} is not on the allow-list", field=key)
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise UnsafeValue(f"evidence value for {key!r} must be a scalar", field=key)
+        if isinstance(value, str):
+            if len(value) > _MAX_TEXT:
+                raise UnsafeValue(f"evidence value for {key!r} is too long", field=key)
+            if looks_secret(value):
+                raise UnsafeValue(
+                    f"evidence value for {key!r} looks like a secret and was refused", field=key
+                )
+        out[key] = value
+    return MappingProxyType(out)

@@ -1,0 +1,73 @@
+"""What a load writes: strategy, columns, plan and the report of a mutation."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from dpone.contracts.identity import Interval
+
+__all__ = [
+    "IDENTIFIER_RE",
+    "Column",
+    "ColumnType",
+    "LoadPlan",
+    "LoadStrategy",
+    "MutationReport",
+    "is_identifier",
+]
+
+IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_identifier(name: str) -> bool:
+    """Return True for a plain SQL identifier ``[A-Za-z_][A-Za-z0-9_]*``."""
+    return bool(IDENTIFIER_RE.match(name))
+
+
+class LoadStrategy(str, enum.Enum):
+    """How rows land in the target table."""
+
+    APPEND = "append"
+    REPLACE = "replace"
+    MERGE = "merge"
+    REPLACE_INTERVAL = "replace_interval"
+
+
+class ColumnType(str, enum.Enum):
+    """Portable column types a source can declare or dpone can infer."""
+
+    INTEGER = "integer"
+    REAL = "real"
+    TEXT = "text"
+    BOOLEAN = "boolean"
+    TIMESTAMP = "timestamp"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Column:
+    """One column of the rows a source yields."""
+
+    name: str
+    type: ColumnType
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadPlan:
+    """Everything a connector needs to apply one operation's rows."""
+
+    table: str  # "table" or "schema.table", validated identifiers
+    strategy: LoadStrategy
+    columns: tuple[Column, ...]
+    key: tuple[str, ...] = ()
+    interval_column: str | None = None
+    interval: Interval | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MutationReport:
+    """What a committed mutation wrote, as recorded in the fence."""
+
+    row_count: int
+    content_digest: str

@@ -1,0 +1,1 @@
+"""Ports: typing.Protocol interfaces the runtime depends on; adapters implement them."""

@@ -1,0 +1,96 @@
+"""The target connector port: a writer plus its fence (ARCHITECTURE section 7)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from dpone.contracts.fence import FenceCapability, FenceObservation, SealResult
+from dpone.contracts.load import LoadPlan, MutationReport
+
+__all__ = ["Rows", "TargetConnectorPort", "WithinTransaction"]
+
+Rows = Iterable[Sequence[Sequence[object]]]  # batches of rows, each row in plan column order
+WithinTransaction = Callable[[object], None]  # called with the open transaction before commit
+
+
+class TargetConnectorPort(Protocol):
+    """Writes one operation's rows and proves whether that write committed.
+
+    Adapters translate driver errors in one place: lock waits past their bound raise
+    ``FenceUnavailable``; rejected data raises ``TargetWriteFailed``; nothing raw escapes.
+    """
+
+    @property
+    def kind(self) -> str:
+        """Connector name, e.g. ``sqlite``."""
+        ...
+
+    @property
+    def capability(self) -> FenceCapability:
+        """The one fence capability this connector provides."""
+        ...
+
+    def target_identity(self) -> str:
+        """Return kind + normalized location, never credentials."""
+        ...
+
+    def database_locator(self) -> str:
+        """Return the identity of the database (no table), to detect atomic mode."""
+        ...
+
+    def check_plan(self, plan: LoadPlan) -> None:
+        """Check, read-only, that the target can take the plan's rows.
+
+        Raises:
+            TargetSchemaMismatch: an existing table lacks columns or a unique key for merge.
+        """
+        ...
+
+    def prepare(self, *, operation_id: str, intent_digest: str, epoch: int) -> FenceObservation:
+        """Install or raise the fence to ``epoch`` (never lower it).
+
+        Returns the observation after the write: PREPARED at ``epoch``, or COMMITTED if the
+        mutation already committed (the row is left untouched).
+
+        Raises:
+            FencedOut: the fence holds a higher epoch.
+            FenceUnavailable: the fence could not be locked within its bound.
+        """
+        ...
+
+    def mutate(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        epoch: int,
+        plan: LoadPlan,
+        batches: Rows,
+        content_digest: str,
+        within: WithinTransaction | None = None,
+    ) -> MutationReport:
+        """Apply the rows and mark the fence committed, in one target transaction.
+
+        The fence row is locked first and must be PREPARED at ``epoch``; ``within`` runs
+        last, inside the transaction (atomic mode journal write, failpoints).
+
+        Raises:
+            FencedOut: the fence is not PREPARED at ``epoch`` (nothing was written).
+        """
+        ...
+
+    def observe(self, *, operation_id: str) -> FenceObservation:
+        """Read the fence without writing."""
+        ...
+
+    def seal(self, *, operation_id: str, epoch: int) -> SealResult:
+        """Prove the mutation did not commit by raising the fence to ``epoch`` with a lock.
+
+        Waits for a writer still holding the fence row, within its bound.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...

@@ -1,0 +1,1 @@
+"""The commit protocol: run algorithm, leases, failpoints. Imports ports, never adapters."""
