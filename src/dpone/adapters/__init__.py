@@ -1,0 +1,1 @@
+"""Adapters: storage and target implementations of the ports, wired in by ``dpone.config``."""

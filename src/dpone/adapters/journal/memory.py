@@ -1,0 +1,290 @@
+"""In-memory reference commit journal: thread-safe, for unit tests; passes the conformance suite."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from dpone.adapters.journal import _rules
+from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
+from dpone.contracts.states import CommitState
+
+__all__ = ["InMemoryCommitJournal"]
+
+
+class InMemoryCommitJournal:
+    """A CommitJournalPort held in process memory behind one lock.
+
+    It keeps the exact semantics of the durable adapters (CAS, epochs, fold history,
+    audit) so that runtime tests on it mean something; it offers no atomic mode
+    (``compare_and_set_within``) because there is no target transaction to join.
+
+    Args:
+        clock: the journal's clock in seconds since the epoch; lease expiry is judged by it.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        # RLock: helpers that read under the lock may be called from writers holding it.
+        self._lock = threading.RLock()
+        self._entries: dict[str, JournalEntry] = {}
+        self._history: dict[str, list[Transition]] = {}
+        self._audit: list[AuditRecord] = []
+
+    # ------------------------------------------------------------------ reads
+    def get(self, operation_id: str) -> JournalEntry | None:
+        """Return the entry or None."""
+        with self._lock:
+            return self._entries.get(operation_id)
+
+    def list_entries(
+        self,
+        *,
+        states: frozenset[CommitState] | None = None,
+        updated_before: float | None = None,
+        limit: int = 100,
+    ) -> list[JournalEntry]:
+        """Return entries, newest update first, filtered by state and age."""
+        with self._lock:
+            # insertion order breaks ties so that equal clock readings list newest first too
+            found = [
+                (entry.updated_at, order, entry)
+                for order, entry in enumerate(self._entries.values())
+                if (states is None or entry.state in states)
+                and (updated_before is None or entry.updated_at < updated_before)
+            ]
+        found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        return [entry for _, _, entry in found[: max(limit, 0)]]
+
+    def history(self, operation_id: str) -> list[Transition]:
+        """Return the transition history in order."""
+        with self._lock:
+            return list(self._history.get(operation_id, ()))
+
+    def audit_log(self, operation_id: str | None = None) -> list[AuditRecord]:
+        """Return audit records in order, for one operation or all."""
+        with self._lock:
+            return [
+                r for r in self._audit if operation_id is None or r.operation_id == operation_id
+            ]
+
+    def now(self) -> float:
+        """Return the journal's clock."""
+        return float(self._clock())
+
+    # ------------------------------------------------------------------ writes
+    def create_intent(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+    ) -> JournalEntry:
+        """Create the entry in PREPARING if absent; otherwise return the existing one."""
+        _rules.check_identity("operation_id", operation_id)
+        _rules.check_identity("intent_digest", intent_digest)
+        safe_metadata = _rules.safe_values(metadata)
+        _rules.safe_actor(actor)
+        with self._lock:
+            existing = self._entries.get(operation_id)
+            if existing is not None:
+                if existing.intent_digest != intent_digest:
+                    raise _rules.intent_conflict(existing)
+                return existing
+            at = self.now()
+            entry = JournalEntry(
+                operation_id=operation_id,
+                intent_digest=intent_digest,
+                state=CommitState.PREPARING,
+                version=1,
+                lease_owner=None,
+                lease_epoch=0,
+                lease_expires_at=None,
+                metadata=safe_metadata,
+                result=None,
+                created_at=at,
+                updated_at=at,
+            )
+            self._entries[operation_id] = entry
+            self._history[operation_id] = [_rules.create_row(entry, actor=actor)]
+            return entry
+
+    def compare_and_set(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        next_state: CommitState,
+        lease_epoch: int,
+        actor: str,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+        audit: AuditRequest | None = None,
+    ) -> JournalEntry:
+        """Move the entry to ``next_state`` if version, state and epoch match; version + 1."""
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=next_state,
+            atomic=False,
+            audited=audit is not None,
+        )
+        safe_evidence = _rules.safe_values(evidence)
+        safe_result = _rules.safe_values(result) if result is not None else None
+        _rules.safe_actor(actor)
+        if audit is not None:
+            _rules.safe_audit(audit, "applied")
+        with self._lock:
+            current = self._require(operation_id)
+            if (
+                current.version != expected_version
+                or current.state not in expected_states
+                or current.lease_epoch != lease_epoch
+            ):
+                raise _rules.conflict(
+                    expected_version=expected_version,
+                    expected_states=expected_states,
+                    lease_epoch=lease_epoch,
+                    current=current,
+                )
+            at = self.now()
+            new = dataclasses.replace(
+                current,
+                state=next_state,
+                version=current.version + 1,
+                result=safe_result if safe_result is not None else current.result,
+                updated_at=at,
+            )
+            self._entries[operation_id] = new
+            self._history[operation_id].extend(
+                _rules.transition_rows(
+                    operation_id=operation_id,
+                    from_state=current.state,
+                    to_state=next_state,
+                    version=new.version,
+                    actor=actor,
+                    lease_epoch=lease_epoch,
+                    evidence=safe_evidence,
+                    at=at,
+                )
+            )
+            if audit is not None:
+                self._audit.append(
+                    _rules.audit_record(
+                        operation_id=operation_id,
+                        request=audit,
+                        outcome="applied",
+                        before_state=current.state,
+                        before_version=current.version,
+                        after=new,
+                        at=at,
+                    )
+                )
+            return new
+
+    def acquire_lease(
+        self,
+        *,
+        operation_id: str,
+        owner: str,
+        ttl_seconds: float,
+        expected_version: int | None = None,
+        break_owner: str | None = None,
+    ) -> JournalEntry:
+        """Grant the lease to ``owner`` at epoch + 1; version + 1."""
+        ttl = _rules.check_ttl(ttl_seconds)
+        _rules.safe_actor(owner)
+        with self._lock:
+            current = self._require(operation_id)
+            if expected_version is not None and current.version != expected_version:
+                raise _rules.conflict(
+                    expected_version=expected_version,
+                    expected_states=None,
+                    lease_epoch=None,
+                    current=current,
+                )
+            at = self.now()
+            if not _rules.lease_is_free(
+                lease_owner=current.lease_owner,
+                lease_expires_at=current.lease_expires_at,
+                now=at,
+                owner=owner,
+                break_owner=break_owner,
+            ):
+                raise _rules.lease_held(current, now=at)
+            new = dataclasses.replace(
+                current,
+                lease_owner=owner,
+                lease_epoch=current.lease_epoch + 1,
+                lease_expires_at=at + ttl,
+                version=current.version + 1,
+                updated_at=at,
+            )
+            self._entries[operation_id] = new
+            self._history[operation_id].append(_rules.lease_row(new))
+            return new
+
+    def renew_lease(
+        self, *, operation_id: str, owner: str, lease_epoch: int, ttl_seconds: float
+    ) -> JournalEntry:
+        """Extend the caller's lease; the version does not change."""
+        ttl = _rules.check_ttl(ttl_seconds)
+        with self._lock:
+            current = self._require(operation_id)
+            if current.lease_owner != owner or current.lease_epoch != lease_epoch:
+                raise _rules.lease_lost(current, lease_epoch=lease_epoch)
+            new = dataclasses.replace(current, lease_expires_at=self.now() + ttl)
+            self._entries[operation_id] = new
+            return new
+
+    def release_lease(self, *, operation_id: str, owner: str, lease_epoch: int) -> None:
+        """Expire the caller's lease now if it still holds it; otherwise do nothing."""
+        with self._lock:
+            current = self._entries.get(operation_id)
+            if (
+                current is None
+                or current.lease_owner != owner
+                or current.lease_epoch != lease_epoch
+            ):
+                return
+            self._entries[operation_id] = dataclasses.replace(
+                current, lease_owner=None, lease_expires_at=self.now()
+            )
+
+    def append_audit(
+        self,
+        *,
+        operation_id: str,
+        request: AuditRequest,
+        outcome: str,
+        entry: JournalEntry | None,
+    ) -> AuditRecord:
+        """Record an operator action that changed no state."""
+        _rules.check_identity("operation_id", operation_id)
+        _rules.safe_audit(request, outcome)
+        with self._lock:
+            record = _rules.audit_record(
+                operation_id=operation_id,
+                request=request,
+                outcome=outcome,
+                before_state=None if entry is None else entry.state,
+                before_version=None if entry is None else entry.version,
+                after=entry,
+                at=self.now(),
+            )
+            self._audit.append(record)
+            return record
+
+    def close(self) -> None:
+        """Do nothing: there is no connection to release, and tests may read on afterwards."""
+
+    # ------------------------------------------------------------------ helpers
+    def _require(self, operation_id: str) -> JournalEntry:
+        entry = self._entries.get(operation_id)
+        if entry is None:
+            raise _rules.not_found(operation_id)
+        return entry
