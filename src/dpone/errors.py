@@ -130,6 +130,7 @@ class DponeError(Exception):
         current_state: the journal's current state (CAS conflicts).
         lease_owner: the executor holding the lease (LeaseHeld), a host:pid label.
         lease_expires_in: seconds until that lease expires (LeaseHeld).
+
     """
 
     code: ClassVar[ErrorCode] = ErrorCode.TARGET_WRITE_FAILED
@@ -299,7 +300,7 @@ class LeaseHeld(DponeError):
 
 
 class LeaseLost(DponeError):
-    """This executor's lease epoch was superseded; it must stop writing and start over."""
+    """The executor's lease epoch was superseded; it must stop writing and start over."""
 
     code = ErrorCode.LEASE_LOST
     retryability = Retryability.TRANSIENT

@@ -1,0 +1,29 @@
+"""dpone: batch data delivery that is safe to retry.
+
+The public API is :func:`run_operation`; everything else is reached through the
+``dpone`` command or the sub-packages.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpone.api import RunContext, run_operation
+
+__all__ = ["RunContext", "__version__", "run_operation"]
+
+try:
+    __version__ = version("dpone")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    # the API pulls in config and adapters; keep `import dpone` light (Airflow DAG parsing)
+    if name in ("run_operation", "RunContext"):
+        from dpone import api
+
+        return getattr(api, name)
+    raise AttributeError(name)

@@ -1,0 +1,1 @@
+"""The dpone command line."""

@@ -1,0 +1,571 @@
+"""The ``dpone`` command: parse, call the library, print text or --json. Nothing else."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dpone.contracts.states import CommitState
+from dpone.errors import (
+    CommittedIncomplete,
+    CommitUnknown,
+    ConfigInvalid,
+    DponeError,
+    IntentConflict,
+    LeaseHeld,
+    UnsafeValue,
+)
+
+app = typer.Typer(
+    name="dpone",
+    help="Batch data delivery that is safe to retry.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+recovery_app = typer.Typer(help="Operator tools for unresolved operations.", no_args_is_help=True)
+target_commit_app = typer.Typer(
+    help="Inspect, plan and apply recovery of one operation.", no_args_is_help=True
+)
+journal_app = typer.Typer(help="Read the operation journal.", no_args_is_help=True)
+recovery_app.add_typer(target_commit_app, name="target-commit")
+app.add_typer(recovery_app, name="recovery")
+app.add_typer(journal_app, name="journal")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+#: Documented exit codes (README "Exit codes").
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_COMMIT_UNKNOWN = 3
+EXIT_INTENT_CONFLICT = 4
+EXIT_LEASE_HELD = 5
+EXIT_COMMITTED_INCOMPLETE = 6
+EXIT_RETRYABLE = 75
+
+
+def exit_code_for(exc: DponeError) -> int:
+    """Map an error family to its documented exit code."""
+    if isinstance(exc, ConfigInvalid | UnsafeValue):
+        return EXIT_USAGE
+    if isinstance(exc, CommitUnknown):
+        return EXIT_COMMIT_UNKNOWN
+    if isinstance(exc, IntentConflict):
+        return EXIT_INTENT_CONFLICT
+    if isinstance(exc, LeaseHeld):
+        return EXIT_LEASE_HELD
+    if isinstance(exc, CommittedIncomplete):
+        return EXIT_COMMITTED_INCOMPLETE
+    if exc.retryable:
+        return EXIT_RETRYABLE
+    return EXIT_FAILED
+
+
+class LogFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+# ------------------------------------------------------------------ logging
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        payload.update(getattr(record, "dpone", {}) or {})
+        return json.dumps(payload, sort_keys=True, default=str)
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        fields = dict(getattr(record, "dpone", {}) or {})
+        op = str(fields.pop("operation_id", ""))
+        short = op[:19] + "…" if len(op) > 20 else op
+        extra = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("event",))
+        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
+        return f"dpone {short} {level}{record.getMessage()}" + (f" [{extra}]" if extra else "")
+
+
+class _ConsoleHandler(logging.Handler):
+    """Writes through the shared stderr console so logs and the progress bar don't tear."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            err.print(self.format(record), markup=False, highlight=False)
+        except Exception:  # noqa: BLE001 - logging must never break the run
+            self.handleError(record)
+
+
+def _setup_logging(fmt: LogFormat, quiet: bool) -> None:
+    logger = logging.getLogger("dpone")
+    logger.handlers.clear()
+    handler: logging.Handler
+    if fmt is LogFormat.json:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler = _ConsoleHandler()
+        handler.setFormatter(_TextFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False
+
+
+# ------------------------------------------------------------------ error boundary
+def _fail(exc: DponeError, *, as_json: bool) -> NoReturn:
+    code = exit_code_for(exc)
+    if as_json:
+        out.print_json(json.dumps({"error": exc.attrs(), "exit_code": code}))
+    else:
+        err.print(f"[bold red]error[/] {exc.code.value}: {exc.message}", highlight=False)
+        if exc.hint:
+            err.print(f"  fix: {exc.hint}", markup=False)
+        if exc.recovery_ref:
+            err.print(f"  next: {exc.recovery_ref}", markup=False)
+        if exc.operation_id:
+            state = f" (state {exc.state}, version {exc.journal_version})" if exc.state else ""
+            err.print(f"  operation: {exc.operation_id}{state}", markup=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _boundary(as_json: bool) -> Iterator[None]:
+    try:
+        yield
+    except DponeError as exc:
+        _fail(exc, as_json=as_json)
+    except KeyboardInterrupt:
+        err.print("interrupted; rerun the same command to resume safely")
+        raise typer.Exit(130) from None
+
+
+def _emit_json(payload: object) -> None:
+    out.print_json(json.dumps(payload, default=str))
+
+
+# ------------------------------------------------------------------ run
+@app.command()
+def run(
+    workload: Annotated[Path, typer.Argument(help="Workload YAML file.")],
+    interval: Annotated[str, typer.Option(help="START/END, half-open, ISO-8601 (UTC if naive).")],
+    partition: Annotated[str | None, typer.Option(help="Mapped partition identity.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    log_format: Annotated[LogFormat, typer.Option(help="Log line format on stderr.")] = (
+        LogFormat.text
+    ),
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="Progress bar (default: on a TTY)."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+) -> None:
+    """Run one operation of WORKLOAD for an interval: write once, resume, or replay."""
+    from dpone.api import run_operation
+
+    _setup_logging(log_format, quiet)
+    show = err.is_terminal if progress is None else progress
+    with _boundary(as_json), _progress(show and log_format is LogFormat.text) as on_rows:
+        result = run_operation(workload, interval=interval, partition=partition, on_rows=on_rows)
+    if as_json:
+        _emit_json(result.summary())
+        return
+    note = (
+        " (already complete: recorded result returned, nothing written)" if result.replayed else ""
+    )
+    if result.resumed and not result.replayed:
+        note = " (resumed an earlier attempt)"
+    out.print(
+        f"{result.state.value} {result.operation_id} rows={result.rows_written} "
+        f"mode={result.mode.value} version={result.journal_version}{note}",
+        markup=False,
+    )
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    if not enabled:
+        yield None
+        return
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]loading[/] {task.completed:,.0f} rows"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("rows", total=None)
+        yield lambda n: bar.advance(task, n)
+
+
+# ------------------------------------------------------------------ journal
+def _journal_url(workload: Path | None, journal: str | None) -> tuple[str, Path]:
+    if journal:
+        return journal, Path.cwd()
+    if workload is not None:
+        from dpone.config.workload import load_workload
+
+        spec = load_workload(workload)
+        return spec.journal_url(), spec.base_dir
+    return os.environ.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db", Path.cwd()
+
+
+WorkloadOpt = Annotated[
+    Path | None, typer.Option("--workload", "-w", help="Workload file naming the journal.")
+]
+JournalOpt = Annotated[
+    str | None, typer.Option("--journal", help="Journal URL (default: $DPONE_JOURNAL or .dpone).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _entry_json(entry: Any) -> dict[str, Any]:
+    return {
+        "operation_id": entry.operation_id,
+        "state": entry.state.value,
+        "version": entry.version,
+        "intent_digest": entry.intent_digest,
+        "lease_owner": entry.lease_owner,
+        "lease_epoch": entry.lease_epoch,
+        "lease_expires_at": entry.lease_expires_at,
+        "metadata": dict(entry.metadata),
+        "result": dict(entry.result) if entry.result is not None else None,
+        "created_at": entry.created_at,
+        "updated_at": entry.updated_at,
+    }
+
+
+def _ts(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@journal_app.command("list")
+def journal_list(
+    state: Annotated[
+        list[CommitState] | None, typer.Option("--state", help="Only these states.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many entries.")] = 100,
+    workload: WorkloadOpt = None,
+    journal: JournalOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List operations, newest first."""
+    from dpone.config.bootstrap import open_journal
+
+    with _boundary(as_json):
+        url, base = _journal_url(workload, journal)
+        store = open_journal(url, base_dir=base)
+        try:
+            entries = store.list_entries(states=frozenset(state) if state else None, limit=limit)
+        finally:
+            store.close()
+    if as_json:
+        _emit_json([_entry_json(e) for e in entries])
+        return
+    table = Table("operation_id", "state", "version", "workload", "interval", "rows", "updated")
+    for e in entries:
+        rows = (e.result or {}).get("rows_written", "")
+        table.add_row(
+            e.operation_id,
+            e.state.value,
+            str(e.version),
+            str(e.metadata.get("workload_id", "")),
+            str(e.metadata.get("interval", "")),
+            str(rows),
+            _ts(e.updated_at),
+        )
+    out.print(table)
+    unresolved = [e for e in entries if e.state is CommitState.COMMIT_UNKNOWN]
+    if unresolved:
+        err.print(
+            f"warning: {len(unresolved)} operation(s) in COMMIT_UNKNOWN need an operator: "
+            "dpone recovery target-commit plan --operation-id ID -w WORKLOAD",
+            markup=False,
+        )
+
+
+@journal_app.command("history")
+def journal_history(
+    operation_id: Annotated[str, typer.Argument(help="sha256:… operation id.")],
+    workload: WorkloadOpt = None,
+    journal: JournalOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the append-only transition history of one operation."""
+    from dpone.config.bootstrap import open_journal
+
+    with _boundary(as_json):
+        url, base = _journal_url(workload, journal)
+        store = open_journal(url, base_dir=base)
+        try:
+            rows = store.history(operation_id)
+        finally:
+            store.close()
+    if as_json:
+        _emit_json([_transition_json(t) for t in rows])
+        return
+    _print_history(rows)
+
+
+def _transition_json(t: Any) -> dict[str, Any]:
+    return {
+        "version": t.version,
+        "seq": t.seq,
+        "from": t.from_state.value if t.from_state else None,
+        "to": t.to_state.value,
+        "kind": t.kind,
+        "actor": t.actor,
+        "lease_epoch": t.lease_epoch,
+        "evidence": dict(t.evidence),
+        "at": t.at,
+    }
+
+
+def _print_history(rows: list[Any]) -> None:
+    table = Table("version", "from", "to", "kind", "epoch", "actor", "at", "evidence")
+    for t in rows:
+        table.add_row(
+            str(t.version),
+            t.from_state.value if t.from_state else "-",
+            t.to_state.value,
+            t.kind,
+            str(t.lease_epoch),
+            t.actor,
+            _ts(t.at),
+            " ".join(f"{k}={v}" for k, v in t.evidence.items()),
+        )
+    out.print(table)
+
+
+# ------------------------------------------------------------------ recovery
+def _recovery_service(workload: Path) -> tuple[Any, Any]:
+    from dpone.config.bootstrap import build_route
+    from dpone.config.workload import load_workload
+    from dpone.recovery.service import RecoveryService
+
+    spec = load_workload(workload)
+    route = build_route(spec, with_source=False)
+    service = RecoveryService(
+        journal=route.journal,
+        connector=route.connector,
+        authorized_principals=frozenset(spec.recovery.authorized_principals),
+    )
+    return service, route
+
+
+OperationOpt = Annotated[str, typer.Option("--operation-id", help="sha256:… operation id.")]
+RequiredWorkload = Annotated[
+    Path, typer.Option("--workload", "-w", help="Workload file naming journal and target.")
+]
+
+
+@target_commit_app.command("inspect")
+def recovery_inspect(
+    operation_id: OperationOpt, workload: RequiredWorkload, as_json: JsonOpt = False
+) -> None:
+    """Show journal state, history, lease and fence. Writes nothing."""
+    with _boundary(as_json):
+        service, route = _recovery_service(workload)
+        try:
+            seen = service.inspect(operation_id)
+        finally:
+            route.close()
+    fence = seen.fence
+    payload = {
+        "entry": _entry_json(seen.entry),
+        "capability": seen.capability.value,
+        "fence": None
+        if fence is None
+        else {
+            "status": fence.status.value,
+            "epoch": fence.epoch,
+            "row_count": fence.row_count,
+            "content_digest": fence.content_digest,
+        },
+        "fence_error": seen.fence_error,
+        "lease_live": seen.lease_live,
+        "lease_expires_in": seen.lease_expires_in,
+        "history": [_transition_json(t) for t in seen.history],
+        "audit": [
+            {
+                "principal": a.principal,
+                "action": a.action,
+                "outcome": a.outcome,
+                "reason": a.reason,
+                "before": a.before_state,
+                "after": a.after_state,
+                "at": a.at,
+            }
+            for a in seen.audit
+        ],
+    }
+    if as_json:
+        _emit_json(payload)
+        return
+    e = seen.entry
+    out.print(f"operation  {e.operation_id}", markup=False)
+    out.print(f"state      {e.state.value} (version {e.version})", markup=False)
+    out.print(
+        f"lease      epoch {e.lease_epoch}, "
+        + (
+            f"held by {e.lease_owner} for {seen.lease_expires_in:.0f}s"
+            if seen.lease_live
+            else "free"
+        ),
+        markup=False,
+    )
+    if fence is not None:
+        out.print(
+            f"fence      {fence.status.value} (capability {seen.capability.value}, epoch "
+            f"{fence.epoch}, rows {fence.row_count})",
+            markup=False,
+        )
+    else:
+        out.print(f"fence      unreadable ({seen.fence_error})", markup=False)
+    meta = e.metadata
+    out.print(
+        f"workload   {meta.get('workload_id')} interval {meta.get('interval')} "
+        f"partition {meta.get('partition')}",
+        markup=False,
+    )
+    _print_history(seen.history)
+
+
+@target_commit_app.command("plan")
+def recovery_plan(
+    operation_id: OperationOpt, workload: RequiredWorkload, as_json: JsonOpt = False
+) -> None:
+    """Recommend the next step. Writes nothing."""
+    with _boundary(as_json):
+        service, route = _recovery_service(workload)
+        try:
+            plan = service.plan(operation_id)
+        finally:
+            route.close()
+    if as_json:
+        _emit_json(
+            {
+                "operation_id": plan.operation_id,
+                "state": plan.state.value,
+                "version": plan.version,
+                "recommended": plan.recommended,
+                "explanation": plan.explanation,
+                "allowed_actions": [a.value for a in plan.allowed_actions],
+            }
+        )
+        return
+    out.print(f"state        {plan.state.value} (version {plan.version})", markup=False)
+    out.print(f"recommended  {plan.recommended}", markup=False)
+    out.print(f"why          {plan.explanation}", markup=False)
+    if plan.allowed_actions:
+        actions = "|".join(a.value for a in plan.allowed_actions)
+        out.print(
+            f"apply with   dpone recovery target-commit apply --operation-id {plan.operation_id} "
+            f"-w {workload} --action {actions} --expected-version {plan.version} --reason TEXT",
+            markup=False,
+        )
+
+
+def _principal() -> str:
+    return os.environ.get("DPONE_PRINCIPAL") or getpass.getuser()
+
+
+@target_commit_app.command("apply")
+def recovery_apply(
+    operation_id: OperationOpt,
+    workload: RequiredWorkload,
+    action: Annotated[
+        str, typer.Option(help="complete-state | mark-committed | mark-not-committed")
+    ],
+    expected_version: Annotated[int, typer.Option(help="The version plan showed.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded in the audit log.")],
+    attest_no_live_writer: Annotated[
+        bool, typer.Option(help="Attest every earlier process has ended (capability none).")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply an audited operator action (needs an authorized principal)."""
+    from dpone.recovery.service import Action
+
+    with _boundary(as_json):
+        try:
+            chosen = Action(action)
+        except ValueError:
+            raise ConfigInvalid(
+                f"unknown action {action!r}",
+                field="--action",
+                hint="use one of: " + ", ".join(a.value for a in Action),
+            ) from None
+        service, route = _recovery_service(workload)
+        try:
+            entry = service.apply(
+                operation_id,
+                action=chosen,
+                expected_version=expected_version,
+                principal=_principal(),
+                reason=reason,
+                attest_no_live_writer=attest_no_live_writer,
+            )
+        finally:
+            route.close()
+    if as_json:
+        _emit_json(_entry_json(entry))
+        return
+    out.print(f"applied {chosen.value}: {entry.state.value} (version {entry.version})")
+
+
+# ------------------------------------------------------------------ demo, version
+@app.command()
+def demo(
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Work directory (default: a new temp dir).")
+    ] = None,
+    rows: Annotated[int, typer.Option(min=10, help="Rows in the sample dataset.")] = 20_000,
+) -> None:
+    """Show a crash after the target commit, and the retry that completes without a duplicate."""
+    from dpone.demo import run_demo
+
+    with _boundary(False):
+        code = run_demo(directory=directory, rows=rows, console=out)
+    raise typer.Exit(code)
+
+
+@app.command()
+def version() -> None:
+    """Print the dpone version."""
+    import dpone
+
+    out.print(dpone.__version__)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except DponeError as exc:  # pragma: no cover - commands catch their own
+        err.print(str(exc), markup=False)
+        sys.exit(exit_code_for(exc))
+
+
+if __name__ == "__main__":
+    main()

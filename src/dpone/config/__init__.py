@@ -1,0 +1,1 @@
+"""Configuration: workload files and the composition root (bootstrap)."""

@@ -1,0 +1,252 @@
+"""Composition root: workload + environment -> journal, connector, source, identity.
+
+The only module that reads the environment and picks adapters; adapters are imported
+lazily so that ``import dpone`` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+import dpone
+from dpone.contracts.identity import (
+    CLI_DAG_ID,
+    Interval,
+    derive_intent_digest,
+    derive_operation_id,
+    digest_of,
+    parse_interval,
+)
+from dpone.contracts.load import Column, LoadPlan
+from dpone.errors import ConfigInvalid
+from dpone.ports.connector import TargetConnectorPort
+from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
+from dpone.ports.source import SourcePort
+from dpone.runtime import failpoints
+from dpone.runtime.commit_protocol import OperationSpec
+
+from .workload import (
+    CsvSourceConfig,
+    JsonlAppendTargetConfig,
+    SqliteTargetConfig,
+    Workload,
+    resolve_sqlite_url,
+)
+
+__all__ = [
+    "Route",
+    "RunContext",
+    "build_route",
+    "configure_failpoints",
+    "open_journal",
+    "plan_operation",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunContext:
+    """Who asks for the run, by logical identity only (never a try number or host).
+
+    Outside Airflow both DAG fields are ``"-"``; the Airflow operator fills them from the
+    DAG id and the DAG run's logical date / run id.
+    """
+
+    dag_id: str = CLI_DAG_ID
+    dag_run_logical_identity: str = CLI_DAG_ID
+
+
+@dataclass(slots=True)
+class Route:
+    """The wired adapters of one workload; close it when done."""
+
+    journal: CommitJournalPort
+    connector: TargetConnectorPort
+    source: SourcePort | None
+    atomic: TransactionalJournalPort | None = None
+    closed: bool = field(default=False)
+
+    def close(self) -> None:
+        """Close every adapter (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.connector.close()
+        self.journal.close()
+
+
+def configure_failpoints(environ: Mapping[str, str] | None = None) -> None:
+    """Activate failpoints from ``DPONE_FAILPOINTS`` (crash tests, certification)."""
+    env = os.environ if environ is None else environ
+    failpoints.configure(env.get("DPONE_FAILPOINTS"))
+
+
+def open_journal(url: str, *, base_dir: Path, field_name: str = "journal") -> CommitJournalPort:
+    """Open the journal a URL names: ``sqlite:///path`` or ``memory://``."""
+    if url == "memory://":
+        from dpone.adapters.journal.memory import InMemoryCommitJournal
+
+        return InMemoryCommitJournal()
+    if url.startswith("sqlite:"):
+        from dpone.adapters.journal.sqlite import SqliteCommitJournal
+
+        return SqliteCommitJournal(resolve_sqlite_url(url, base_dir=base_dir, field=field_name))
+    raise ConfigInvalid(
+        f"{field_name} URL scheme is not supported here",
+        field=field_name,
+        hint="use sqlite:///path/to/journal.db (PostgreSQL arrives with the postgres extra)",
+    )
+
+
+def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetConnectorPort:
+    target = workload.target
+    if isinstance(target, SqliteTargetConfig):
+        from dpone.adapters.connectors.sqlite import SqliteConnector
+
+        url = workload.target_url(dict(environ))
+        field_name = "target.url" if target.url is not None else "target.url_env"
+        path = resolve_sqlite_url(url, base_dir=workload.base_dir, field=field_name)
+        return cast(TargetConnectorPort, SqliteConnector(path, table=target.table))
+    if isinstance(target, JsonlAppendTargetConfig):
+        from dpone.adapters.connectors.jsonl_append import JsonlAppendConnector
+
+        return cast(TargetConnectorPort, JsonlAppendConnector(workload.resolve_path(target.path)))
+    raise ConfigInvalid("unknown target kind", field="target.kind")  # pragma: no cover
+
+
+def _open_source(workload: Workload) -> SourcePort:
+    source = workload.source
+    path = workload.resolve_path(source.path)
+    if isinstance(source, CsvSourceConfig):
+        from dpone.adapters.sources.csv import CsvSource
+
+        return cast(SourcePort, CsvSource(path, columns=source.columns, delimiter=source.delimiter))
+    from dpone.adapters.sources.jsonl import JsonlSource
+
+    return cast(SourcePort, JsonlSource(path, columns=source.columns))
+
+
+def build_route(
+    workload: Workload,
+    *,
+    environ: Mapping[str, str] | None = None,
+    with_source: bool = True,
+) -> Route:
+    """Open the workload's journal, connector and (optionally) source; detect atomic mode."""
+    env = os.environ if environ is None else environ
+    journal = open_journal(workload.journal_url(dict(env)), base_dir=workload.base_dir)
+    try:
+        connector = _open_connector(workload, env)
+    except BaseException:
+        journal.close()
+        raise
+    atomic: TransactionalJournalPort | None = None
+    shares = getattr(journal, "shares_database_with", None)
+    if shares is not None and shares(connector.database_locator()):
+        atomic = cast(TransactionalJournalPort, journal)
+    source = _open_source(workload) if with_source else None
+    return Route(journal=journal, connector=connector, source=source, atomic=atomic)
+
+
+def _pack_fingerprint(workload: Workload, target_identity: str) -> str:
+    source = workload.source.model_dump(mode="json", exclude={"path"})
+    target = {"kind": workload.target.kind, "identity": target_identity}
+    return digest_of(
+        {
+            "workload": workload.workload,
+            "release": workload.release,
+            "deployment": workload.deployment,
+            "source": source,
+            "target": target,
+            "load": workload.load.model_dump(mode="json", exclude={"batch_size"}),
+        }
+    )
+
+
+def plan_operation(
+    workload: Workload,
+    route: Route,
+    *,
+    interval: Interval | str,
+    partition: str | None = None,
+    context: RunContext | None = None,
+) -> OperationSpec:
+    """Derive identity and intent, and build the load plan, for one operation."""
+    ctx = context or RunContext()
+    window = parse_interval(interval) if isinstance(interval, str) else interval
+    source = route.source
+    if source is None:
+        raise ConfigInvalid("this route was opened without a source", field="source")
+    target_identity = route.connector.target_identity()
+    operation_id = derive_operation_id(
+        release_id=workload.release,
+        deployment_id=workload.deployment,
+        dag_id=ctx.dag_id,
+        dag_run_logical_identity=ctx.dag_run_logical_identity,
+        workload_id=workload.workload,
+        mapped_partition_identity=partition or "-",
+        canonical_interval=window,
+        canonical_target_identity=target_identity,
+    )
+    columns: tuple[Column, ...] = source.columns()
+    load = workload.load
+    names = {c.name for c in columns}
+    for needed, what in [(k, "load.key") for k in load.key] + (
+        [(load.interval_column, "load.interval_column")] if load.interval_column else []
+    ):
+        if needed not in names:
+            raise ConfigInvalid(
+                f"{what} names column {needed!r}, which the source does not have",
+                field=what,
+                hint=f"source columns are: {', '.join(c.name for c in columns)}",
+            )
+    table = getattr(workload.target, "table", "-")
+    plan = LoadPlan(
+        table=table,
+        strategy=load.strategy,
+        columns=columns,
+        key=tuple(load.key),
+        interval_column=load.interval_column,
+        interval=window,
+    )
+    source_identity = source.snapshot_identity()
+    pack = _pack_fingerprint(workload, target_identity)
+    keys = ",".join(load.key)
+    strategy = f"{load.strategy.value}|key={keys}|interval_column={load.interval_column or ''}"
+    intent_digest = derive_intent_digest(
+        pack_fingerprint=pack,
+        normalized_load_strategy=strategy,
+        source_snapshot_identity=source_identity,
+        target_contract=f"{route.connector.kind}|{table}|{route.connector.capability.value}",
+        schema_fingerprint=digest_of({"columns": [[c.name, c.type.value] for c in columns]}),
+    )
+    metadata = {
+        "workload_id": workload.workload,
+        "release_id": workload.release,
+        "deployment_id": workload.deployment,
+        "dag_id": ctx.dag_id,
+        "dag_run": ctx.dag_run_logical_identity,
+        "partition": partition or "-",
+        "interval": window.canonical(),
+        "target_identity": target_identity,
+        "target_kind": route.connector.kind,
+        "capability": route.connector.capability.value,
+        "table": table,
+        "strategy": load.strategy.value,
+        "source_kind": source.kind,
+        "source_identity": source_identity,
+        "pack_fingerprint": pack,
+        "dpone_version": dpone.__version__,
+    }
+    return OperationSpec(
+        operation_id=operation_id,
+        intent_digest=intent_digest,
+        metadata=metadata,
+        plan=plan,
+        source_identity=source_identity,
+        batch_size=load.batch_size,
+        lease_ttl_seconds=workload.lease_ttl_seconds,
+    )

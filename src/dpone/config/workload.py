@@ -1,0 +1,307 @@
+"""Workload files: YAML -> validated, frozen settings. Every mistake is DPONE_CONFIG_INVALID."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dpone.contracts.load import ColumnType, LoadStrategy, is_identifier
+from dpone.errors import ConfigInvalid
+
+__all__ = [
+    "CsvSourceConfig",
+    "JsonlAppendTargetConfig",
+    "JsonlSourceConfig",
+    "LoadConfig",
+    "RecoveryPolicy",
+    "SqliteTargetConfig",
+    "Workload",
+    "load_workload",
+    "resolve_sqlite_url",
+]
+
+_FIXES = {
+    "extra_forbidden": "remove it (check the spelling against the README's workload example)",
+    "missing": "add it",
+    "literal_error": "use one of the allowed values",
+    "enum": "use one of the allowed values",
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _identifier(value: str, *, qualified: bool = False) -> str:
+    parts = value.split(".") if qualified else [value]
+    if len(parts) > 2 or not all(is_identifier(p) for p in parts):
+        shape = "[schema.]name" if qualified else "name"
+        raise ValueError(
+            f"{value!r} is not a plain identifier {shape}: use letters, digits and _, "
+            "not starting with a digit"
+        )
+    return value
+
+
+Identifier = Annotated[str, Field(min_length=1, max_length=63)]
+
+
+class CsvSourceConfig(_Model):
+    kind: Literal["csv"]
+    path: str
+    columns: dict[Identifier, ColumnType] | None = None
+    delimiter: str = Field(",", min_length=1, max_length=1)
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
+        for name in value or {}:
+            _identifier(name)
+        return value
+
+
+class JsonlSourceConfig(_Model):
+    kind: Literal["jsonl"]
+    path: str
+    columns: dict[Identifier, ColumnType] | None = None
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
+        for name in value or {}:
+            _identifier(name)
+        return value
+
+
+class SqliteTargetConfig(_Model):
+    kind: Literal["sqlite"]
+    url: str | None = None
+    url_env: str | None = None
+    table: str
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        return _identifier(value, qualified=True)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> SqliteTargetConfig:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url or url_env")
+        return self
+
+
+class JsonlAppendTargetConfig(_Model):
+    kind: Literal["jsonl_append"]
+    path: str
+
+
+class LoadConfig(_Model):
+    strategy: LoadStrategy
+    key: list[Identifier] = Field(default_factory=list)
+    interval_column: Identifier | None = None
+    batch_size: int = Field(10_000, ge=1, le=1_000_000)
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _identifier(name)
+        if len(set(value)) != len(value):
+            raise ValueError("key columns must be distinct")
+        return value
+
+    @field_validator("interval_column")
+    @classmethod
+    def _interval_column(cls, value: str | None) -> str | None:
+        return None if value is None else _identifier(value)
+
+    @model_validator(mode="after")
+    def _strategy_needs(self) -> LoadConfig:
+        if self.strategy is LoadStrategy.MERGE and not self.key:
+            raise ValueError("strategy merge needs key: [column, ...] (the upsert key)")
+        if self.strategy is LoadStrategy.REPLACE_INTERVAL and not self.interval_column:
+            raise ValueError(
+                "strategy replace_interval needs interval_column (the column whose value "
+                "places a row in an interval)"
+            )
+        return self
+
+
+class RecoveryPolicy(_Model):
+    authorized_principals: list[str] = Field(default_factory=list)
+
+
+class Workload(_Model):
+    """A validated workload file. ``base_dir`` anchors relative paths and URLs."""
+
+    workload: Identifier
+    release: str = Field(min_length=1, max_length=128)
+    deployment: str = Field(min_length=1, max_length=128)
+    journal: str | None = None
+    journal_env: str | None = None
+    lease_ttl_seconds: float = Field(60.0, gt=0, le=86_400)
+    source: Annotated[CsvSourceConfig | JsonlSourceConfig, Field(discriminator="kind")]
+    target: Annotated[SqliteTargetConfig | JsonlAppendTargetConfig, Field(discriminator="kind")]
+    load: LoadConfig
+    recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
+    base_dir: Path = Field(default=Path(), exclude=True)
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, value: str) -> str:
+        return _identifier(value)
+
+    @model_validator(mode="after")
+    def _journal_once(self) -> Workload:
+        if self.journal is not None and self.journal_env is not None:
+            raise ValueError("give at most one of journal or journal_env")
+        if self.target.kind == "jsonl_append" and self.load.strategy is not LoadStrategy.APPEND:
+            raise ValueError("target kind jsonl_append supports only load.strategy append")
+        return self
+
+    # -------------------------------------------------------------- resolution
+    def resolve_path(self, raw: str) -> Path:
+        """Return ``raw`` as an absolute path, relative ones anchored at the workload file."""
+        path = Path(raw).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    def journal_url(self, environ: dict[str, str] | None = None) -> str:
+        """Return the journal URL: ``journal``, ``journal_env``, DPONE_JOURNAL, or the default."""
+        env = os.environ if environ is None else environ
+        if self.journal is not None:
+            return self.journal
+        if self.journal_env is not None:
+            value = env.get(self.journal_env)
+            if not value:
+                raise ConfigInvalid(
+                    f"journal_env names {self.journal_env}, which is not set",
+                    field="journal_env",
+                    hint=f"export {self.journal_env}=sqlite:///path/to/journal.db",
+                )
+            return value
+        return env.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
+
+    def target_url(self, environ: dict[str, str] | None = None) -> str:
+        """Return the target URL from ``url`` or the variable ``url_env`` names."""
+        env = os.environ if environ is None else environ
+        target = self.target
+        if not isinstance(target, SqliteTargetConfig):
+            raise ConfigInvalid("this target has no URL", field="target")
+        if target.url is not None:
+            return target.url
+        name = target.url_env or ""
+        value = env.get(name)
+        if not value:
+            raise ConfigInvalid(
+                f"target.url_env names {name}, which is not set",
+                field="target.url_env",
+                hint=f"export {name}=sqlite:///path/to/warehouse.db",
+            )
+        return value
+
+
+def resolve_sqlite_url(url: str, *, base_dir: Path, field: str) -> Path:
+    """Turn ``sqlite:///rel.db`` or ``sqlite:////abs.db`` into an absolute path.
+
+    User info is ignored (SQLite has no authentication) and never echoed or stored.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme != "sqlite" or not parts.path.strip("/"):
+        raise ConfigInvalid(
+            f"{field} must be a sqlite URL such as sqlite:///warehouse.db "
+            "(relative to the workload file) or sqlite:////abs/path.db",
+            field=field,
+            hint="check the scheme and the path; other databases arrive with their extras",
+        )
+    if parts.query or parts.fragment or (parts.hostname not in (None, "", "localhost")):
+        raise ConfigInvalid(
+            f"{field} has a host, query or fragment, which sqlite URLs do not take",
+            field=field,
+            hint="write sqlite:///path/to/file.db",
+        )
+    raw = unquote(parts.path)
+    # SQLAlchemy's convention: sqlite:///rel.db is relative, sqlite:////abs.db absolute
+    path = Path(raw[1:])
+    path = path if path.is_absolute() else (base_dir / path)
+    return path.resolve()
+
+
+def _format(error: ValidationError) -> ConfigInvalid:
+    lines = []
+    first_field = None
+    for item in error.errors():
+        loc = ".".join(
+            str(p) for p in item["loc"] if not str(p).startswith(("function-", "tagged"))
+        )
+        loc = loc.replace(".csv.", ".").replace(".jsonl.", ".").replace(".sqlite.", ".")
+        loc = loc.replace(".jsonl_append.", ".")
+        first_field = first_field or loc or "workload"
+        message = item["msg"].removeprefix("Value error, ")
+        fix = _FIXES.get(item["type"], "")
+        if item["type"] in ("literal_error", "enum", "union_tag_invalid") and item.get("ctx"):
+            expected = item["ctx"].get("expected") or item["ctx"].get("expected_tags")
+            fix = f"use one of: {expected}" if expected else fix
+        lines.append(f"{loc or '(top level)'}: {message}" + (f" -> {fix}" if fix else ""))
+    return ConfigInvalid(
+        "workload file is invalid:\n  " + "\n  ".join(lines),
+        field=first_field,
+        hint="fix the fields listed above; see the README for a complete workload file",
+    )
+
+
+def parse_workload(data: Any, *, base_dir: Path) -> Workload:
+    """Validate a mapping (already parsed from YAML) into a :class:`Workload`."""
+    if not isinstance(data, dict):
+        raise ConfigInvalid(
+            "workload file must be a YAML mapping of fields",
+            field="workload",
+            hint="start from the README's workload example",
+        )
+    try:
+        return Workload.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as exc:
+        raise _format(exc) from None
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload file; every problem is a ``ConfigInvalid``."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigInvalid(
+            f"workload file {file} does not exist",
+            field="workload",
+            hint="pass the path of a workload YAML file",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigInvalid(
+            f"workload file {file} cannot be read ({type(exc).__name__})", field="workload"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigInvalid(
+            f"workload file {file} is not valid YAML{where}",
+            field="workload",
+            hint="check indentation and quoting",
+        ) from None
+    return parse_workload(data, base_dir=file.resolve().parent)

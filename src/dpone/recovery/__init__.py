@@ -1,0 +1,1 @@
+"""Recovery: read-only inspection and audited operator actions."""

@@ -1,0 +1,636 @@
+"""The run algorithm: first attempt and resume, atomic and forward-recovery modes (section 8)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from dpone.contracts.fence import (
+    FenceCapability,
+    FenceObservation,
+    FenceStatus,
+    SealOutcome,
+    SealResult,
+)
+from dpone.contracts.journal import JournalEntry
+from dpone.contracts.load import LoadPlan
+from dpone.contracts.result import OperationResult, RunMode
+from dpone.contracts.states import CommitState
+from dpone.errors import (
+    CommittedIncomplete,
+    CommitUnknown,
+    DponeError,
+    FencedOut,
+    IntentConflict,
+    JournalConflict,
+    LeaseLost,
+    RecoveryConflict,
+)
+from dpone.ports.connector import TargetConnectorPort
+from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
+from dpone.ports.source import SourcePort
+from dpone.runtime import failpoints
+from dpone.runtime.lease import LeaseKeeper, acquire
+from dpone.runtime.rows import RowTally, counted, within_interval
+
+__all__ = ["CommitProtocol", "OperationSpec"]
+
+S = CommitState
+_log = logging.getLogger("dpone.runtime")
+_MAX_RESTARTS = 5
+
+
+def recovery_ref(operation_id: str) -> str:
+    """Return the command an operator runs to look at an operation."""
+    return f"dpone recovery target-commit plan --operation-id {operation_id}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperationSpec:
+    """Everything the protocol needs to run one operation; identity already derived."""
+
+    operation_id: str
+    intent_digest: str
+    metadata: Mapping[str, object]
+    plan: LoadPlan
+    source_identity: str
+    batch_size: int = 10_000
+    lease_ttl_seconds: float = 60.0
+
+
+class CommitProtocol:
+    """Drives one operation to COMPLETE, or stops with a typed error.
+
+    The journal decides who may act (leases, CAS); the fence decides what happened in the
+    target. Every journal write and target call is surrounded by failpoints.
+    """
+
+    def __init__(
+        self,
+        *,
+        journal: CommitJournalPort,
+        connector: TargetConnectorPort,
+        source: SourcePort,
+        owner: str,
+        atomic_journal: TransactionalJournalPort | None = None,
+        on_rows: Callable[[int], None] | None = None,
+    ) -> None:
+        self._journal = journal
+        self._connector = connector
+        self._source = source
+        self._owner = owner
+        self._atomic = atomic_journal
+        self._on_rows = on_rows
+
+    @property
+    def mode(self) -> RunMode:
+        """The route's mode: atomic when the journal shares the target's database."""
+        return RunMode.ATOMIC if self._atomic is not None else RunMode.FORWARD_RECOVERY
+
+    # ------------------------------------------------------------------ entry point
+    def run(self, spec: OperationSpec) -> OperationResult:
+        """Run or resume ``spec`` until COMPLETE.
+
+        Raises:
+            IntentConflict: the operation exists with another intent (before target I/O).
+            CommitUnknown: the target cannot prove the outcome; an operator must decide.
+            LeaseHeld: another live executor is working on the operation.
+            CommittedIncomplete: the target committed; completing the journal failed.
+            DponeError: any other failure, typed, with the primary cause preserved.
+
+        """
+        existing = self._journal.get(spec.operation_id)
+        if existing is not None:
+            self._check_intent(existing, spec)
+            if existing.state is S.COMPLETE:
+                return self._recorded(existing, replayed=True)
+            if existing.state is S.COMMIT_UNKNOWN:
+                raise self._unknown(existing)
+        else:
+            # read-only: a target that cannot take the rows fails before any write
+            self._connector.check_plan(spec.plan)
+            failpoints.hit("before:journal.create")
+            existing = self._journal.create_intent(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                metadata=spec.metadata,
+                actor=self._owner,
+            )
+            failpoints.hit("after:journal.create")
+            self._check_intent(existing, spec)
+            self._emit(existing, "intent")
+        resumed = existing.lease_epoch > 0
+        for restart in range(_MAX_RESTARTS):
+            try:
+                return self._attempt(spec, resumed=resumed)
+            except LeaseLost:
+                if restart == _MAX_RESTARTS - 1:
+                    raise
+                _log.info(
+                    "lease lost; starting over from the journal",
+                    extra={"dpone": {"operation_id": spec.operation_id, "event": "restart"}},
+                )
+                resumed = True
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ------------------------------------------------------------------ one attempt
+    def _attempt(self, spec: OperationSpec, *, resumed: bool) -> OperationResult:
+        entry = acquire(
+            self._journal,
+            operation_id=spec.operation_id,
+            owner=self._owner,
+            ttl_seconds=spec.lease_ttl_seconds,
+        )
+        self._emit(entry, "lease")
+        try:
+            with LeaseKeeper(
+                self._journal,
+                operation_id=spec.operation_id,
+                owner=self._owner,
+                lease_epoch=entry.lease_epoch,
+                ttl_seconds=spec.lease_ttl_seconds,
+            ):
+                return self._dispatch(spec, entry, resumed=resumed)
+        finally:
+            self._release(entry)
+
+    def _dispatch(
+        self, spec: OperationSpec, entry: JournalEntry, *, resumed: bool
+    ) -> OperationResult:
+        state = entry.state
+        if state is S.COMPLETE:
+            return self._recorded(entry, replayed=True)
+        if state is S.COMMIT_UNKNOWN:
+            raise self._unknown(entry)
+        if state in (S.TARGET_COMMITTED, S.COMMITTED_INCOMPLETE):
+            return self._finish_committed(spec, entry, resumed=True)
+        if state is S.COMMITTING:
+            return self._resume_committing(spec, entry)
+        if state is S.FAILED_PRE_COMMIT:
+            entry = self._cas(entry, S.PREPARING, evidence={"reason": "retry"})
+        if self._atomic is not None:
+            return self._atomic_commit(spec, entry, resumed=resumed)
+        entry = self._prepare(spec, entry)
+        return self._mutate_and_complete(spec, entry, resumed=resumed)
+
+    # ------------------------------------------------------------------ forward recovery
+    def _prepare(self, spec: OperationSpec, entry: JournalEntry) -> JournalEntry:
+        """Raise the fence to the lease epoch, then CAS to COMMITTING (fold from PREPARING)."""
+        try:
+            self._fence_prepare(spec, entry)
+        except DponeError as exc:
+            self._fail_pre_commit(entry, exc)
+            raise
+        return self._cas(entry, S.COMMITTING, evidence={"fence_epoch": entry.lease_epoch})
+
+    def _fence_prepare(self, spec: OperationSpec, entry: JournalEntry) -> None:
+        failpoints.hit("before:fence.prepare")
+        try:
+            observation = self._connector.prepare(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                epoch=entry.lease_epoch,
+            )
+        except FencedOut:
+            raise self._stale_or_conflict(entry, "the fence holds a higher epoch") from None
+        failpoints.hit("after:fence.prepare")
+        if observation.status is FenceStatus.COMMITTED:
+            raise self._stale_or_conflict(entry, "the fence reports the mutation committed")
+
+    def _mutate_and_complete(
+        self, spec: OperationSpec, entry: JournalEntry, *, resumed: bool
+    ) -> OperationResult:
+        """Write the data with the fence, prove it, and complete the journal."""
+        failpoints.hit("before:fence.mutate")
+        tally = RowTally()
+        try:
+            report = self._connector.mutate(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                epoch=entry.lease_epoch,
+                plan=spec.plan,
+                batches=self._rows(spec, tally),
+                content_digest=spec.source_identity,
+                within=_before_commit,
+            )
+        except FencedOut:
+            raise self._stale_or_conflict(entry, "the fence refused the write") from None
+        except Exception as exc:
+            settled = self._settle_failed_mutation(spec, entry, exc)
+            if settled is None:
+                raise
+            return settled
+        failpoints.hit("after:fence.mutate")
+        if self._connector.capability is FenceCapability.NONE:
+            # the in-process acknowledgement is the only proof this route has
+            observation = FenceObservation(
+                status=FenceStatus.COMMITTED,
+                epoch=entry.lease_epoch,
+                intent_digest=spec.intent_digest,
+                row_count=report.row_count,
+                content_digest=report.content_digest,
+            )
+        else:
+            observation = self._observe(spec)
+            if observation.status is not FenceStatus.COMMITTED:
+                raise RecoveryConflict(
+                    "the target acknowledged the write but its fence does not show it committed",
+                    operation_id=spec.operation_id,
+                    state=entry.state.value,
+                    journal_version=entry.version,
+                    recovery_ref=recovery_ref(spec.operation_id),
+                )
+        return self._complete(spec, entry, observation, tally=tally, resumed=resumed)
+
+    def _settle_failed_mutation(
+        self, spec: OperationSpec, entry: JournalEntry, primary: Exception
+    ) -> OperationResult | None:
+        """After a failed mutate, prove the outcome now instead of leaving COMMITTING.
+
+        Returns a result if the write did commit after all; None when the primary error
+        stands (the journal then says FAILED_PRE_COMMIT, COMMIT_UNKNOWN or COMMITTING).
+        Secondary failures are logged and never replace ``primary``.
+        """
+        code = primary.code.value if isinstance(primary, DponeError) else "unexpected"
+        if self._connector.capability is FenceCapability.NONE:
+            try:
+                entry = self._cas(entry, S.COMMIT_UNKNOWN, evidence={"error_code": code})
+            except DponeError as secondary:
+                self._secondary("could not record COMMIT_UNKNOWN", secondary, entry)
+            raise self._unknown(entry) from primary
+        fresh: JournalEntry | None = None
+        try:
+            fresh = acquire(
+                self._journal,
+                operation_id=spec.operation_id,
+                owner=self._owner,
+                ttl_seconds=spec.lease_ttl_seconds,
+            )
+            if fresh.state is not S.COMMITTING:
+                return None
+            sealed = self._seal(spec, fresh)
+            if sealed.outcome is SealOutcome.COMMITTED:
+                return self._complete(spec, fresh, sealed.observation, tally=None, resumed=True)
+            if sealed.outcome is SealOutcome.NOT_COMMITTED:
+                back = self._cas(fresh, S.PREPARED, evidence={"outcome": "not_committed"})
+                self._cas(back, S.FAILED_PRE_COMMIT, evidence={"error_code": code})
+        except DponeError as secondary:
+            self._secondary("could not settle the failed write now; a retry will", secondary, entry)
+        finally:
+            if fresh is not None:
+                self._release(fresh)
+        return None
+
+    def _resume_committing(self, spec: OperationSpec, entry: JournalEntry) -> OperationResult:
+        """A previous attempt may have written: observe, seal, then decide."""
+        observation = self._observe(spec)
+        if observation.status is FenceStatus.COMMITTED:
+            return self._complete(spec, entry, observation, tally=None, resumed=True)
+        sealed = self._seal(spec, entry)
+        if sealed.outcome is SealOutcome.COMMITTED:
+            return self._complete(spec, entry, sealed.observation, tally=None, resumed=True)
+        if sealed.outcome is SealOutcome.FENCED:
+            raise self._stale_or_conflict(entry, "the fence holds an epoch at or above ours")
+        if sealed.outcome is SealOutcome.UNKNOWN:
+            unknown = self._cas(entry, S.COMMIT_UNKNOWN, evidence={"fence_state": "unknown"})
+            raise self._unknown(unknown)
+        # proven not committed, and no earlier writer can commit any more
+        entry = self._cas(entry, S.PREPARED, evidence={"outcome": "not_committed"})
+        entry = self._cas(entry, S.COMMITTING, evidence={"fence_epoch": entry.lease_epoch})
+        return self._mutate_and_complete(spec, entry, resumed=True)
+
+    def _finish_committed(
+        self, spec: OperationSpec, entry: JournalEntry, *, resumed: bool
+    ) -> OperationResult:
+        observation = self._observe(spec)
+        if (
+            self._connector.capability is not FenceCapability.NONE
+            and observation.status is not FenceStatus.COMMITTED
+        ):
+            raise RecoveryConflict(
+                f"the journal says {entry.state.value} but the fence does not show a commit",
+                operation_id=spec.operation_id,
+                state=entry.state.value,
+                journal_version=entry.version,
+                recovery_ref=recovery_ref(spec.operation_id),
+            )
+        return self._complete(spec, entry, observation, tally=None, resumed=resumed)
+
+    def _complete(
+        self,
+        spec: OperationSpec,
+        entry: JournalEntry,
+        observation: FenceObservation,
+        *,
+        tally: RowTally | None,
+        resumed: bool,
+    ) -> OperationResult:
+        """CAS to COMPLETE (fold from COMMITTING); fall back to TARGET_COMMITTED on failure."""
+        result = self._result_fields(spec, observation, tally)
+        try:
+            done = self._cas(entry, S.COMPLETE, result=result, evidence=_proof(observation))
+        except JournalConflict:
+            current = self._journal.get(spec.operation_id)
+            if current is not None and current.state is S.COMPLETE:
+                return self._recorded(current, replayed=True)
+            raise LeaseLost(
+                "the journal entry moved while completing; starting over",
+                operation_id=spec.operation_id,
+            ) from None
+        except DponeError as primary:
+            done = self._complete_slowly(spec, entry, result, observation, primary)
+        return self._recorded(done, replayed=False, resumed=resumed)
+
+    def _complete_slowly(
+        self,
+        spec: OperationSpec,
+        entry: JournalEntry,
+        result: Mapping[str, object],
+        observation: FenceObservation,
+        primary: DponeError,
+    ) -> JournalEntry:
+        """Completion failed: record TARGET_COMMITTED, retry COMPLETE once, else INCOMPLETE."""
+        incomplete = CommittedIncomplete(
+            "the target committed but the journal could not be completed; rerun to finish "
+            "(nothing will be written again)",
+            operation_id=spec.operation_id,
+            state=entry.state.value,
+            journal_version=entry.version,
+            recovery_ref=recovery_ref(spec.operation_id),
+        )
+        try:
+            if entry.state is S.COMMITTING:
+                entry = self._cas(entry, S.TARGET_COMMITTED, evidence=_proof(observation))
+            if entry.state is S.TARGET_COMMITTED:
+                try:
+                    return self._cas(entry, S.COMPLETE, result=result)
+                except DponeError:
+                    entry = self._cas(
+                        entry, S.COMMITTED_INCOMPLETE, evidence={"error_code": primary.code.value}
+                    )
+            incomplete.state = entry.state.value
+            incomplete.journal_version = entry.version
+        except DponeError as secondary:
+            self._secondary("could not record the committed state", secondary, entry)
+        raise incomplete from primary
+
+    # ------------------------------------------------------------------ atomic mode
+    def _atomic_commit(
+        self, spec: OperationSpec, entry: JournalEntry, *, resumed: bool
+    ) -> OperationResult:
+        """Data, fence and the journal's COMPLETE in one target transaction."""
+        journal = self._atomic
+        assert journal is not None  # noqa: S101 - guarded by the caller
+        try:
+            self._fence_prepare(spec, entry)
+        except (LeaseLost, RecoveryConflict):
+            raise
+        except DponeError as exc:
+            self._fail_pre_commit(entry, exc)
+            raise
+        tally = RowTally()
+        written: list[JournalEntry] = []
+        fence = FenceObservation(
+            status=FenceStatus.COMMITTED,
+            epoch=entry.lease_epoch,
+            intent_digest=spec.intent_digest,
+            content_digest=spec.source_identity,
+        )
+
+        def within(txn: object) -> None:
+            failpoints.hit("fence.mutate.before_commit")
+            failpoints.hit("before:COMPLETE")
+            written.append(
+                journal.compare_and_set_within(
+                    txn,
+                    operation_id=spec.operation_id,
+                    expected_version=entry.version,
+                    expected_states=frozenset({entry.state}),
+                    next_state=S.COMPLETE,
+                    lease_epoch=entry.lease_epoch,
+                    actor=self._owner,
+                    result=self._result_fields(spec, fence, tally),
+                    evidence={"mode": RunMode.ATOMIC.value},
+                )
+            )
+
+        failpoints.hit("before:fence.mutate")
+        try:
+            self._connector.mutate(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                epoch=entry.lease_epoch,
+                plan=spec.plan,
+                batches=self._rows(spec, tally),
+                content_digest=spec.source_identity,
+                within=within,
+            )
+        except (FencedOut, JournalConflict):
+            raise self._stale_or_conflict(entry, "the atomic commit was refused") from None
+        except DponeError as exc:
+            # the whole transaction rolled back: nothing was written
+            self._fail_pre_commit(entry, exc)
+            raise
+        failpoints.hit("after:fence.mutate")
+        failpoints.hit("after:COMPLETE")
+        done = written[-1]
+        self._emit(done, "transition")
+        return self._recorded(done, replayed=False, resumed=resumed)
+
+    # ------------------------------------------------------------------ helpers
+    def _rows(self, spec: OperationSpec, tally: RowTally) -> Iterator[list[tuple[object, ...]]]:
+        batches: Iterator[list[tuple[object, ...]]] = self._source.batches(
+            batch_size=spec.batch_size, expected_identity=spec.source_identity
+        )
+        plan = spec.plan
+        if plan.interval_column is not None and plan.interval is not None:
+            names = [c.name for c in plan.columns]
+            batches = within_interval(
+                batches,
+                index=names.index(plan.interval_column),
+                column=plan.interval_column,
+                interval=plan.interval,
+                tally=tally,
+            )
+        return counted(batches, tally, self._on_rows)
+
+    def _observe(self, spec: OperationSpec) -> FenceObservation:
+        failpoints.hit("before:fence.observe")
+        observation = self._connector.observe(operation_id=spec.operation_id)
+        failpoints.hit("after:fence.observe")
+        if observation.status is FenceStatus.COMMITTED and observation.intent_digest not in (
+            None,
+            spec.intent_digest,
+        ):
+            raise RecoveryConflict(
+                "the fence records a commit of another intent for this operation",
+                operation_id=spec.operation_id,
+                recovery_ref=recovery_ref(spec.operation_id),
+            )
+        return observation
+
+    def _seal(self, spec: OperationSpec, entry: JournalEntry) -> SealResult:
+        failpoints.hit("before:fence.seal")
+        sealed = self._connector.seal(operation_id=spec.operation_id, epoch=entry.lease_epoch)
+        failpoints.hit("after:fence.seal")
+        return sealed
+
+    def _cas(
+        self,
+        entry: JournalEntry,
+        next_state: CommitState,
+        *,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        failpoints.hit(f"before:{next_state.value}")
+        new = self._journal.compare_and_set(
+            operation_id=entry.operation_id,
+            expected_version=entry.version,
+            expected_states=frozenset({entry.state}),
+            next_state=next_state,
+            lease_epoch=entry.lease_epoch,
+            actor=self._owner,
+            evidence=evidence,
+            result=result,
+        )
+        self._emit(new, "transition")
+        failpoints.hit(f"after:{next_state.value}")
+        return new
+
+    def _fail_pre_commit(self, entry: JournalEntry, primary: DponeError) -> None:
+        """Record that nothing was written and why; never replaces the primary error."""
+        if entry.state not in (S.PREPARING, S.PREPARED):
+            return
+        try:
+            self._cas(entry, S.FAILED_PRE_COMMIT, evidence={"error_code": primary.code.value})
+        except DponeError as secondary:
+            self._secondary("could not record FAILED_PRE_COMMIT", secondary, entry)
+
+    def _stale_or_conflict(self, entry: JournalEntry, what: str) -> DponeError:
+        """Decide whether a surprising fence means we are stale or the systems disagree."""
+        current = self._journal.get(entry.operation_id)
+        if current is None or (
+            current.version == entry.version and current.lease_epoch == entry.lease_epoch
+        ):
+            return RecoveryConflict(
+                f"{what}, but the journal entry is unchanged at our epoch; "
+                "journal and target disagree",
+                operation_id=entry.operation_id,
+                state=entry.state.value,
+                journal_version=entry.version,
+                recovery_ref=recovery_ref(entry.operation_id),
+            )
+        return LeaseLost(
+            f"{what}: another executor moved the operation on (epoch "
+            f"{entry.lease_epoch} -> {current.lease_epoch})",
+            operation_id=entry.operation_id,
+            state=current.state.value,
+            journal_version=current.version,
+        )
+
+    def _secondary(self, what: str, exc: DponeError, entry: JournalEntry) -> None:
+        """Log a failure of secondary work; the primary outcome is raised by the caller."""
+        _log.warning(
+            "%s (%s)",
+            what,
+            exc.code.value,
+            extra={"dpone": {"operation_id": entry.operation_id, "event": "secondary"}},
+        )
+
+    def _release(self, entry: JournalEntry) -> None:
+        try:
+            failpoints.hit("before:lease.release")
+            self._journal.release_lease(
+                operation_id=entry.operation_id, owner=self._owner, lease_epoch=entry.lease_epoch
+            )
+            failpoints.hit("after:lease.release")
+        except DponeError as secondary:
+            self._secondary("could not release the lease; it expires by itself", secondary, entry)
+
+    def _check_intent(self, entry: JournalEntry, spec: OperationSpec) -> None:
+        if entry.intent_digest != spec.intent_digest:
+            raise IntentConflict(
+                "this operation was already started with another intent (source content, "
+                "strategy, schema or workload definition changed); nothing was read or written",
+                operation_id=spec.operation_id,
+                state=entry.state.value,
+                journal_version=entry.version,
+                recovery_ref=recovery_ref(spec.operation_id),
+                hint="restore the original input, or run it as a new operation "
+                "(another interval, partition or release)",
+            )
+
+    def _result_fields(
+        self, spec: OperationSpec, observation: FenceObservation, tally: RowTally | None
+    ) -> dict[str, object]:
+        rows = tally.rows if tally is not None else observation.row_count
+        fields: dict[str, object] = {
+            "rows_written": rows if rows is not None else 0,
+            "content_digest": observation.content_digest or spec.source_identity,
+            "mode": self.mode.value,
+            "fence_epoch": observation.epoch,
+            "capability": self._connector.capability.value,
+        }
+        if tally is not None and tally.skipped:
+            fields["rows_skipped"] = tally.skipped
+        return fields
+
+    def _recorded(
+        self, entry: JournalEntry, *, replayed: bool, resumed: bool = False
+    ) -> OperationResult:
+        result = entry.result or {}
+        rows = result.get("rows_written")
+        digest = result.get("content_digest")
+        mode = result.get("mode")
+        return OperationResult(
+            operation_id=entry.operation_id,
+            state=entry.state,
+            journal_version=entry.version,
+            mode=RunMode(mode) if isinstance(mode, str) else self.mode,
+            rows_written=rows if isinstance(rows, int) else 0,
+            content_digest=digest if isinstance(digest, str) else None,
+            replayed=replayed,
+            resumed=resumed,
+            lease_epoch=entry.lease_epoch,
+        )
+
+    def _unknown(self, entry: JournalEntry) -> CommitUnknown:
+        return CommitUnknown(
+            "the target cannot prove whether this operation's write committed; automatic "
+            "retry is stopped so nothing is written twice",
+            operation_id=entry.operation_id,
+            state=entry.state.value,
+            journal_version=entry.version,
+            recovery_ref=recovery_ref(entry.operation_id),
+        )
+
+    def _emit(self, entry: JournalEntry, event: str) -> None:
+        _log.info(
+            "%s %s v%d",
+            event,
+            entry.state.value,
+            entry.version,
+            extra={
+                "dpone": {
+                    "event": event,
+                    "operation_id": entry.operation_id,
+                    "state": entry.state.value,
+                    "version": entry.version,
+                    "lease_epoch": entry.lease_epoch,
+                }
+            },
+        )
+
+
+def _before_commit(_txn: object) -> None:
+    failpoints.hit("fence.mutate.before_commit")
+
+
+def _proof(observation: FenceObservation) -> dict[str, object]:
+    return {
+        "fence_state": observation.status.value,
+        "fence_epoch": observation.epoch,
+        "row_count": observation.row_count,
+    }
