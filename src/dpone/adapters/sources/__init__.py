@@ -1,0 +1,1 @@
+"""File sources: a content-hash snapshot identity and rows streamed in batches."""

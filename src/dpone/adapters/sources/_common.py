@@ -1,0 +1,200 @@
+"""Shared pieces of the file sources: hashed streaming reads, snapshot identity, type inference."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from dpone.contracts.load import Column, ColumnType
+from dpone.errors import ConfigInvalid, SourceInvalid
+
+__all__ = [
+    "CHUNK_SIZE",
+    "SAMPLE_ROWS",
+    "HashingReader",
+    "changed_error",
+    "check_identity",
+    "columns_of",
+    "declared_columns",
+    "decode_error",
+    "file_identity",
+    "infer_type",
+    "open_hashed_text",
+    "open_text",
+]
+
+CHUNK_SIZE = 1 << 20
+SAMPLE_ROWS = 1000
+
+# What SQLite's INTEGER / REAL affinity converts from text: no "1_000", "nan" or "inf".
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_REAL_RE = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
+
+
+def _missing(path: Path) -> SourceInvalid:
+    return SourceInvalid(
+        f"source file {str(path)!r} does not exist or cannot be opened",
+        hint="check the workload's source.path (relative paths start at the workload file)",
+    )
+
+
+def file_identity(path: Path) -> str:
+    """Return ``sha256:<hex>`` of the file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb", buffering=0) as handle:
+            buffer = bytearray(CHUNK_SIZE)
+            view = memoryview(buffer)
+            while size := handle.readinto(buffer):
+                digest.update(view[:size])
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise _missing(path) from exc
+    except OSError as exc:
+        raise SourceInvalid(
+            f"source file {str(path)!r} could not be read ({type(exc).__name__})"
+        ) from exc
+    return "sha256:" + digest.hexdigest()
+
+
+class HashingReader(io.RawIOBase):
+    """A raw reader that hashes every byte it hands up, one chunk per call."""
+
+    def __init__(self, raw: io.RawIOBase) -> None:
+        super().__init__()
+        self._raw = raw
+        self._digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        size = self._raw.readinto(buffer) or 0
+        if size:
+            self._digest.update(memoryview(buffer)[:size])
+        return size
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+    def identity(self) -> str:
+        """Return ``sha256:<hex>`` of the bytes read so far."""
+        return "sha256:" + self._digest.hexdigest()
+
+
+def _open_raw(path: Path) -> io.FileIO:
+    try:
+        return io.FileIO(path, "r")
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise _missing(path) from exc
+    except OSError as exc:
+        raise SourceInvalid(
+            f"source file {str(path)!r} could not be opened ({type(exc).__name__})"
+        ) from exc
+
+
+def _text(raw: io.RawIOBase) -> TextIO:
+    # utf-8-sig drops a byte order mark so it cannot stick to the first column's name;
+    # newline="" lets the csv module see the line endings inside quoted fields.
+    return io.TextIOWrapper(
+        io.BufferedReader(raw, buffer_size=CHUNK_SIZE), encoding="utf-8-sig", newline=""
+    )
+
+
+@contextmanager
+def open_hashed_text(path: Path) -> Iterator[tuple[TextIO, HashingReader]]:
+    """Open ``path`` as UTF-8 text whose bytes are hashed as they are read."""
+    hashing = HashingReader(_open_raw(path))
+    with _text(hashing) as text:
+        yield text, hashing
+
+
+@contextmanager
+def open_text(path: Path) -> Iterator[TextIO]:
+    """Open ``path`` as UTF-8 text, for sampling (no hashing)."""
+    with _text(_open_raw(path)) as text:
+        yield text
+
+
+def changed_error(path: Path) -> SourceInvalid:
+    """Return the error for a file whose content is not the recorded snapshot."""
+    return SourceInvalid(
+        f"source changed while it was read ({str(path)!r} no longer has the content "
+        "whose identity the operation recorded); nothing was loaded",
+        hint="let the file settle (write it elsewhere and rename it in place), then run again",
+    )
+
+
+def check_identity(hashing: HashingReader, expected: str, path: Path) -> None:
+    """Raise SourceInvalid when the bytes read are not the snapshot the operation expects."""
+    if hashing.identity() != expected:
+        raise changed_error(path)
+
+
+def decode_error(path: Path, line: int) -> SourceInvalid:
+    """Return the error for bytes that are not UTF-8 near ``line``."""
+    return SourceInvalid(
+        f"{str(path)!r}: line {line} is not valid UTF-8", hint="re-encode the file as UTF-8"
+    )
+
+
+def declared_columns(columns: Mapping[str, ColumnType | str]) -> dict[str, ColumnType]:
+    """Validate a declared ``name -> type`` mapping."""
+    out: dict[str, ColumnType] = {}
+    for name, kind in columns.items():
+        try:
+            out[name] = ColumnType(kind)
+        except ValueError:
+            raise ConfigInvalid(
+                f"column {name!r} has an unknown type",
+                field="source.columns",
+                hint=f"use one of: {', '.join(t.value for t in ColumnType)}",
+            ) from None
+    if not out:
+        raise ConfigInvalid("source.columns is empty", field="source.columns")
+    return out
+
+
+def _kind_of(value: object) -> ColumnType | None:
+    """Return the narrowest type of one non-empty value (bool before int: bool is an int)."""
+    if isinstance(value, bool):
+        return ColumnType.BOOLEAN
+    if isinstance(value, int):
+        return ColumnType.INTEGER
+    if isinstance(value, float):
+        return ColumnType.REAL
+    if isinstance(value, str):
+        if _INT_RE.match(value):
+            return ColumnType.INTEGER
+        if _REAL_RE.match(value):
+            return ColumnType.REAL
+    return ColumnType.TEXT
+
+
+def infer_type(values: Iterable[object]) -> ColumnType:
+    """Infer a column's type: integer if every non-empty value is one, then real, else text.
+
+    JSON booleans give ``boolean`` when every non-empty value is one.
+    """
+    kinds: set[ColumnType | None] = {_kind_of(v) for v in values if v is not None and v != ""}
+    if not kinds:
+        return ColumnType.TEXT
+    if kinds == {ColumnType.BOOLEAN}:
+        return ColumnType.BOOLEAN
+    if kinds == {ColumnType.INTEGER}:
+        return ColumnType.INTEGER
+    if kinds <= {ColumnType.INTEGER, ColumnType.REAL}:
+        return ColumnType.REAL
+    return ColumnType.TEXT
+
+
+def columns_of(names: Iterable[str], types: Mapping[str, ColumnType]) -> tuple[Column, ...]:
+    """Build the column tuple in ``names`` order."""
+    return tuple(Column(name=n, type=types[n]) for n in names)

@@ -1,0 +1,192 @@
+"""CSV file source: header row names the columns, rows stream in batches as strings."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator, Mapping
+from itertools import islice
+from pathlib import Path
+
+from dpone.adapters.sources._common import (
+    SAMPLE_ROWS,
+    changed_error,
+    check_identity,
+    columns_of,
+    declared_columns,
+    decode_error,
+    file_identity,
+    infer_type,
+    open_hashed_text,
+    open_text,
+)
+from dpone.contracts.load import Column, ColumnType
+from dpone.errors import ConfigInvalid, SourceInvalid
+
+__all__ = ["CsvSource"]
+
+Batch = list[tuple[object, ...]]
+
+
+class CsvSource:
+    """A CSV file with a header row; values are yielded as read (strings, ``""`` for empty).
+
+    Args:
+        path: the file.
+        columns: declared ``name -> type``; the names must be the header's names (in
+            any order). Without it, types are inferred from the first 1000 rows.
+        delimiter: the one-character field separator.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        columns: Mapping[str, ColumnType | str] | None = None,
+        delimiter: str = ",",
+    ) -> None:
+        if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\r\n"':
+            raise ConfigInvalid(
+                "the CSV delimiter must be one character (not a quote or line break)",
+                field="source.delimiter",
+            )
+        self._path = Path(path)
+        self._delimiter = delimiter
+        self._declared = declared_columns(columns) if columns is not None else None
+        self._columns: tuple[Column, ...] | None = None
+
+    @property
+    def kind(self) -> str:
+        """Source kind."""
+        return "csv"
+
+    @property
+    def path(self) -> Path:
+        """The file."""
+        return self._path
+
+    def snapshot_identity(self) -> str:
+        """Return ``sha256:<hex>`` of the file's bytes."""
+        return file_identity(self._path)
+
+    def columns(self) -> tuple[Column, ...]:
+        """Return the header's columns with declared or inferred types."""
+        if self._columns is None:
+            with open_text(self._path) as text:
+                reader = csv.reader(text, delimiter=self._delimiter)
+                header = self._header(reader)
+                if self._declared is not None:
+                    self._columns = columns_of(header, self._declared)
+                else:
+                    sample = self._sample(reader, len(header))
+                    types = {
+                        name: infer_type(row[i] for row in sample) for i, name in enumerate(header)
+                    }
+                    self._columns = columns_of(header, types)
+        return self._columns
+
+    def _header(self, reader: Iterator[list[str]]) -> list[str]:
+        try:
+            first = next(reader, None)
+        except UnicodeDecodeError as exc:
+            raise decode_error(self._path, 1) from exc
+        except csv.Error as exc:
+            raise self._malformed(1, exc) from exc
+        header = [name.strip() for name in first or []]
+        if not header or header == [""]:
+            raise SourceInvalid(
+                f"{str(self._path)!r} is empty: a CSV source needs a header row",
+                hint="write the column names on the first line",
+            )
+        if "" in header:
+            raise SourceInvalid(
+                f"{str(self._path)!r}: header column #{header.index('') + 1} has no name"
+            )
+        lowered = [n.lower() for n in header]
+        if len(set(lowered)) != len(lowered):
+            twice = sorted({n for n in header if lowered.count(n.lower()) > 1})
+            raise SourceInvalid(
+                f"{str(self._path)!r}: header names {', '.join(map(repr, twice))} more than once"
+            )
+        if self._declared is not None:
+            missing = [n for n in self._declared if n not in header]
+            extra = [n for n in header if n not in self._declared]
+            if missing or extra:
+                parts = []
+                if missing:
+                    parts.append(f"declared but not in the header: {', '.join(map(repr, missing))}")
+                if extra:
+                    parts.append(f"in the header but not declared: {', '.join(map(repr, extra))}")
+                raise SourceInvalid(
+                    f"{str(self._path)!r}: declared columns do not match the header "
+                    f"({'; '.join(parts)})",
+                    hint="declare exactly the header's column names, or drop source.columns",
+                )
+        return header
+
+    def _sample(self, reader: Iterator[list[str]], width: int) -> list[list[str]]:
+        try:
+            rows = list(islice(reader, SAMPLE_ROWS))
+        except UnicodeDecodeError as exc:
+            raise decode_error(self._path, getattr(reader, "line_num", 0) + 1) from exc
+        except csv.Error as exc:
+            raise self._malformed(getattr(reader, "line_num", 0), exc) from exc
+        # Wrong-width rows are reported with their line by batches(); skip them here.
+        return [row for row in rows if len(row) == width]
+
+    def _malformed(self, line: int, exc: csv.Error) -> SourceInvalid:
+        # The csv module's messages describe the syntax problem, never the field's content.
+        return SourceInvalid(f"{str(self._path)!r}: line {line} is not valid CSV ({exc})")
+
+    def batches(self, *, batch_size: int, expected_identity: str) -> Iterator[Batch]:
+        """Yield rows as tuples of strings; check the bytes read against the snapshot at the end.
+
+        Raises:
+            SourceInvalid: a row has the wrong number of fields (its line is named), the file
+                is not valid CSV or UTF-8, or its content is not ``expected_identity``.
+        """
+        if batch_size < 1:
+            raise ConfigInvalid("batch_size must be at least 1", field="load.batch_size")
+        names = [c.name for c in self.columns()]
+        width = len(names)
+        expected = {width}
+        with open_hashed_text(self._path) as (text, hashing):
+            reader = csv.reader(text, delimiter=self._delimiter)
+            if self._header(reader) != names:
+                raise changed_error(self._path)
+            read = 0  # rows read after the header, blank ones included
+            while True:
+                try:
+                    batch: Batch = list(map(tuple, islice(reader, batch_size)))
+                except UnicodeDecodeError as exc:
+                    raise decode_error(self._path, reader.line_num + 1) from exc
+                except csv.Error as exc:
+                    raise self._malformed(reader.line_num, exc) from exc
+                if not batch:
+                    break
+                first, read = read, read + len(batch)
+                # One C-level pass over the lengths; Python looks at rows only on a mismatch.
+                if set(map(len, batch)) != expected:
+                    batch = self._without_blank_rows(batch, width, first_row=first)
+                    if not batch:
+                        continue
+                yield batch
+            check_identity(hashing, expected_identity, self._path)
+
+    def _without_blank_rows(self, batch: Batch, width: int, *, first_row: int) -> Batch:
+        for index, row in enumerate(batch):
+            if row and len(row) != width:
+                line = self._line_of(first_row + index)
+                raise SourceInvalid(
+                    f"{str(self._path)!r}: line {line} has {len(row)} fields, "
+                    f"the header has {width}",
+                    hint="fix the row or quote fields that contain the delimiter",
+                )
+        return [row for row in batch if row]
+
+    def _line_of(self, row_index: int) -> int:
+        """Return the line on which data row ``row_index`` (0-based) ends, by reading again."""
+        with open_text(self._path) as text:
+            reader = csv.reader(text, delimiter=self._delimiter)
+            for _ in islice(reader, row_index + 2):  # the header, then rows up to the one
+                pass
+            return reader.line_num
