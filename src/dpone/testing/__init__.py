@@ -1,0 +1,1 @@
+"""Test helpers shipped with dpone: conformance suites adapters subclass, crash tooling."""
