@@ -56,6 +56,7 @@ def _make_data(root: Path, day: int, rows: int) -> None:
 
 def _dpone(root: Path, *args: str, failpoints: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "DPONE_FAILPOINTS"}
+    env["COLUMNS"] = "150"  # room for the history table in captured output
     if failpoints:
         env["DPONE_FAILPOINTS"] = failpoints
     return subprocess.run(
@@ -70,7 +71,7 @@ def _dpone(root: Path, *args: str, failpoints: str | None = None) -> subprocess.
 
 
 def _show(console: Console, proc: subprocess.CompletedProcess[str]) -> None:
-    for line in (proc.stdout + proc.stderr).strip().splitlines():
+    for line in (proc.stderr + proc.stdout).strip().splitlines():
         console.print(f"    {line}", markup=False, highlight=False)
 
 

@@ -97,12 +97,18 @@ class _JsonFormatter(logging.Formatter):
 
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        fields = dict(getattr(record, "dpone", {}) or {})
-        op = str(fields.pop("operation_id", ""))
+        fields = getattr(record, "dpone", {}) or {}
+        op = str(fields.get("operation_id", ""))
         short = op[:19] + "…" if len(op) > 20 else op
-        extra = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("event",))
         level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
-        return f"dpone {short} {level}{record.getMessage()}" + (f" [{extra}]" if extra else "")
+        if "state" in fields and "version" in fields:
+            text = (
+                f"{fields.get('event', ''):<10} {fields['state']} v{fields['version']} "
+                f"epoch {fields.get('lease_epoch', '-')}"
+            )
+        else:
+            text = record.getMessage()
+        return f"dpone {short} {level}{text}"
 
 
 class _ConsoleHandler(logging.Handler):

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from dpone.errors import UnsafeValue
 
-__all__ = ["EVIDENCE_KEYS", "Scalar", "SafeMapping", "looks_secret", "safe_mapping"]
+__all__ = ["EVIDENCE_KEYS", "SafeMapping", "Scalar", "looks_secret", "safe_mapping"]
 
 Scalar = str | int | float | bool | None
 SafeMapping = Mapping[str, Scalar]
@@ -16,12 +16,42 @@ SafeMapping = Mapping[str, Scalar]
 #: Every key that may appear in journal metadata, results, transition evidence or audit.
 EVIDENCE_KEYS: frozenset[str] = frozenset(
     {
-        "action", "attestation", "batches", "capability", "connector", "content_digest",
-        "dag_id", "dag_run", "deployment_id", "dpone_version", "duration_ms", "error_code",
-        "fence_epoch", "fence_state", "interval", "lease_epoch", "mode", "outcome", "owner",
-        "pack_fingerprint", "partition", "principal", "reason", "recovery_ref", "release_id",
-        "row_count", "rows_skipped", "rows_written", "source_identity", "source_kind",
-        "strategy", "table", "target_identity", "target_kind", "workload_id", "task_id",
+        "action",
+        "attestation",
+        "batches",
+        "capability",
+        "connector",
+        "content_digest",
+        "dag_id",
+        "dag_run",
+        "deployment_id",
+        "dpone_version",
+        "duration_ms",
+        "error_code",
+        "fence_epoch",
+        "fence_state",
+        "interval",
+        "lease_epoch",
+        "mode",
+        "outcome",
+        "owner",
+        "pack_fingerprint",
+        "partition",
+        "principal",
+        "reason",
+        "recovery_ref",
+        "release_id",
+        "row_count",
+        "rows_skipped",
+        "rows_written",
+        "source_identity",
+        "source_kind",
+        "strategy",
+        "table",
+        "target_identity",
+        "target_kind",
+        "workload_id",
+        "task_id",
         "map_index",
     }
 )
@@ -49,6 +79,7 @@ def safe_mapping(
 
     Raises:
         UnsafeValue: a key is not allowed, a value is not a scalar, too long, or looks secret.
+
     """
     if not values:
         return MappingProxyType({})

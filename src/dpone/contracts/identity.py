@@ -146,9 +146,7 @@ def parse_interval(text: str) -> Interval:
             hint="use e.g. --interval 2026-11-01/2026-11-02",
         )
     start_text, end_text = text.split("/")
-    return Interval(
-        start=_parse_moment(start_text), end=_parse_moment(end_text)
-    )
+    return Interval(start=_parse_moment(start_text), end=_parse_moment(end_text))
 
 
 def derive_operation_id(

@@ -50,11 +50,19 @@ FOLD_PATHS: Mapping[tuple[CommitState, CommitState], tuple[CommitState, ...]] = 
     (S.COMMITTING, S.COMPLETE): (S.COMMITTING, S.TARGET_COMMITTED, S.COMPLETE),
     # atomic mode only: data, fence and this write share one target transaction
     (S.PREPARING, S.COMPLETE): (
-        S.PREPARING, S.PREPARED, S.COMMITTING, S.TARGET_COMMITTED, S.COMPLETE,
+        S.PREPARING,
+        S.PREPARED,
+        S.COMMITTING,
+        S.TARGET_COMMITTED,
+        S.COMPLETE,
     ),
     (S.PREPARED, S.COMPLETE): (S.PREPARED, S.COMMITTING, S.TARGET_COMMITTED, S.COMPLETE),
     (S.FAILED_PRE_COMMIT, S.COMPLETE): (
-        S.FAILED_PRE_COMMIT, S.PREPARING, S.PREPARED, S.COMMITTING, S.TARGET_COMMITTED,
+        S.FAILED_PRE_COMMIT,
+        S.PREPARING,
+        S.PREPARED,
+        S.COMMITTING,
+        S.TARGET_COMMITTED,
         S.COMPLETE,
     ),
 }

@@ -44,6 +44,7 @@ class TargetConnectorPort(Protocol):
 
         Raises:
             TargetSchemaMismatch: an existing table lacks columns or a unique key for merge.
+
         """
         ...
 
@@ -56,6 +57,7 @@ class TargetConnectorPort(Protocol):
         Raises:
             FencedOut: the fence holds a higher epoch.
             FenceUnavailable: the fence could not be locked within its bound.
+
         """
         ...
 
@@ -77,6 +79,7 @@ class TargetConnectorPort(Protocol):
 
         Raises:
             FencedOut: the fence is not PREPARED at ``epoch`` (nothing was written).
+
         """
         ...
 

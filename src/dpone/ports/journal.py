@@ -31,6 +31,7 @@ class CommitJournalPort(Protocol):
         Raises:
             IntentConflict: the entry exists with another intent digest.
             UnsafeValue: metadata has a key off the allow-list or a secret-looking value.
+
         """
         ...
 
@@ -62,6 +63,7 @@ class CommitJournalPort(Protocol):
                 outside ``compare_and_set_within``, or a recovery-only move without ``audit``.
             JournalConflict: version, state or epoch differ (current ones are attached).
             OperationNotFound: no such entry.
+
         """
         ...
 
@@ -82,6 +84,7 @@ class CommitJournalPort(Protocol):
         Raises:
             LeaseHeld: another owner's lease is live.
             JournalConflict: ``expected_version`` was given and differs.
+
         """
         ...
 
@@ -92,6 +95,7 @@ class CommitJournalPort(Protocol):
 
         Raises:
             LeaseLost: the lease epoch or owner moved on.
+
         """
         ...
 

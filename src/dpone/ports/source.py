@@ -23,6 +23,7 @@ class SourcePort(Protocol):
 
         Raises:
             SourceInvalid: the source cannot be read.
+
         """
         ...
 
@@ -30,12 +31,15 @@ class SourcePort(Protocol):
         """Return the columns, declared or inferred from a bounded sample."""
         ...
 
-    def batches(self, *, batch_size: int, expected_identity: str) -> Iterator[list[tuple[object, ...]]]:
+    def batches(
+        self, *, batch_size: int, expected_identity: str
+    ) -> Iterator[list[tuple[object, ...]]]:
         """Yield rows in column order, in batches, with memory independent of source size.
 
         After the last batch the content read is checked against ``expected_identity``.
 
         Raises:
             SourceInvalid: a row does not fit the columns, or the content changed.
+
         """
         ...

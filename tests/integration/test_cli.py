@@ -1,0 +1,276 @@
+"""The dpone command end to end on real SQLite files: config errors, recovery, secrets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from dpone.testing.crash import run_dpone, write_orders_csv
+
+INTERVAL = "2026-11-01/2026-11-02"
+RUN = ("run", "w.yaml", "--interval", INTERVAL, "--no-progress")
+
+GOOD = {
+    "workload": "orders",
+    "release": "2026.11.0",
+    "deployment": "dev",
+    "journal": "sqlite:///journal.db",
+    "source": {"kind": "csv", "path": "orders.csv"},
+    "target": {"kind": "sqlite", "url": "sqlite:///warehouse.db", "table": "orders"},
+    "load": {"strategy": "append", "key": ["order_id"], "interval_column": "ordered_at"},
+    "recovery": {"authorized_principals": ["alice"]},
+}
+
+
+def write(root: Path, data: dict[str, object], rows: int = 100) -> None:
+    if not (root / "orders.csv").exists():
+        write_orders_csv(root / "orders.csv", rows)
+    (root / "w.yaml").write_text(json.dumps(data), encoding="utf-8")  # JSON is YAML
+
+
+def with_(path: str, value: object) -> dict[str, object]:
+    data = json.loads(json.dumps(GOOD))
+    node = data
+    *parents, leaf = path.split(".")
+    for p in parents:
+        node = node[p]
+    if value is _DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        ("surprise", 1, "surprise"),
+        ("release", _DELETE, "release"),
+        ("load.strategy", "upsert", "load.strategy"),
+        ("load.key", [], "load"),  # append with an empty key is fine, so use merge below
+        ("target.table", 'x"; DROP TABLE y; --', "target.table"),
+        ("target.url", "postgres://h/db", "target.url"),
+        ("source.kind", "xml", "source"),
+        ("load.interval_column", "9bad", "load.interval_column"),
+        ("lease_ttl_seconds", -1, "lease_ttl_seconds"),
+    ],
+)
+def test_config_mistakes_are_exit_2_with_the_field_named(
+    tmp_path: Path, path: str, value: object, named: str
+) -> None:
+    """Every workload mistake is DPONE_CONFIG_INVALID naming the field, exit 2, no traceback."""
+    data = with_(path, value)
+    if path == "load.key":
+        data["load"]["strategy"] = "merge"  # type: ignore[index]
+    write(tmp_path, data)
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "DPONE_CONFIG_INVALID" in proc.stderr
+    assert named in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "warehouse.db").exists()
+
+
+@pytest.mark.parametrize(
+    "interval", ["2026-11-02/2026-11-01", "2026-11-01", "soon/later", "2026-11-01/2026-11-01"]
+)
+def test_bad_intervals_are_exit_2(tmp_path: Path, interval: str) -> None:
+    """A reversed, empty or malformed interval is a config error naming the interval."""
+    write(tmp_path, GOOD)
+    proc = run_dpone(("run", "w.yaml", "--interval", interval), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "DPONE_CONFIG_INVALID" in proc.stderr
+    assert "interval" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_workload_and_bad_yaml_are_exit_2(tmp_path: Path) -> None:
+    """A missing file or broken YAML is a clear config error."""
+    proc = run_dpone(("run", "nope.yaml", "--interval", INTERVAL), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr
+    (tmp_path / "w.yaml").write_text("workload: [unclosed", encoding="utf-8")
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "not valid YAML" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_existing_table_that_does_not_match_fails_before_any_write(tmp_path: Path) -> None:
+    """A target table lacking a source column is an error before the journal or target change."""
+    write(tmp_path, GOOD)
+    with closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+        db.execute("CREATE TABLE orders (order_id INTEGER, customer TEXT)")
+        db.commit()
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "DPONE_TARGET_SCHEMA_MISMATCH" in proc.stderr
+    with closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+        assert db.execute("SELECT count(*) FROM orders").fetchone() == (0,)
+    listed = run_dpone(("journal", "list", "-w", "w.yaml", "--json"), cwd=tmp_path)
+    assert json.loads(listed.stdout) == []
+
+
+def test_changed_source_is_an_intent_conflict_exit_4(tmp_path: Path) -> None:
+    """A source that changed under the same operation is exit 4 and nothing is written."""
+    write(tmp_path, GOOD)
+    assert run_dpone(RUN, cwd=tmp_path).returncode == 0
+    write_orders_csv(tmp_path / "orders.csv", 150)
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 4
+    assert "DPONE_TARGET_COMMIT_INTENT_CONFLICT" in proc.stderr
+    with closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+        assert db.execute("SELECT count(*) FROM orders").fetchone() == (100,)
+
+
+def test_run_json_and_replay(tmp_path: Path) -> None:
+    """--json prints a safe summary; a rerun replays the recorded result (exit 0)."""
+    write(tmp_path, GOOD)
+    first = json.loads(run_dpone((*RUN, "--json"), cwd=tmp_path).stdout)
+    again = json.loads(run_dpone((*RUN, "--json"), cwd=tmp_path).stdout)
+    assert first["state"] == again["state"] == "COMPLETE"
+    assert first["rows_written"] == again["rows_written"] == 100
+    assert (first["replayed"], again["replayed"]) == (False, True)
+    assert first["mode"] == "forward_recovery"
+    history = run_dpone(
+        ("journal", "history", first["operation_id"], "-w", "w.yaml", "--json"), cwd=tmp_path
+    )
+    steps = [row["to"] for row in json.loads(history.stdout)]
+    assert steps[0] == "PREPARING"
+    assert steps[-1] == "COMPLETE"
+
+
+def test_json_log_lines_one_per_transition(tmp_path: Path) -> None:
+    """--log-format json writes JSON lines with operation id, state and version."""
+    write(tmp_path, GOOD)
+    proc = run_dpone((*RUN, "--log-format", "json"), cwd=tmp_path)
+    records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    states = [r["state"] for r in records if r.get("event") == "transition"]
+    assert states == ["COMMITTING", "COMPLETE"]
+    assert all(r["operation_id"].startswith("sha256:") and r["version"] for r in records)
+
+
+def test_atomic_mode_when_journal_is_the_target_database(tmp_path: Path) -> None:
+    """Journal and target in one SQLite file run in atomic mode."""
+    write(tmp_path, {**GOOD, "journal": "sqlite:///warehouse.db"})
+    result = json.loads(run_dpone((*RUN, "--json"), cwd=tmp_path).stdout)
+    assert result["mode"] == "atomic"
+    assert result["rows_written"] == 100
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        for suffix in ("", "-wal"):
+            f = Path(f"{p}{suffix}")
+            if f.exists():
+                h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+NONE_ROUTE = {
+    **GOOD,
+    "target": {"kind": "jsonl_append", "path": "out.jsonl"},
+    "load": {"strategy": "append"},
+}
+
+
+def test_inspect_and_plan_write_nothing_and_apply_is_audited(tmp_path: Path) -> None:
+    """inspect/plan leave journal and target byte-identical; apply needs policy and version."""
+    write(tmp_path, NONE_ROUTE)
+    killed = run_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=kill")
+    assert killed.returncode == -9
+    unknown = run_dpone(RUN, cwd=tmp_path)
+    assert unknown.returncode == 3
+    [entry] = json.loads(run_dpone(("journal", "list", "-w", "w.yaml", "--json"), cwd=tmp_path).stdout)
+    op = entry["operation_id"]
+    files = (tmp_path / "journal.db", tmp_path / "out.jsonl")
+    before = _digest(*files)
+    inspected = run_dpone(
+        ("recovery", "target-commit", "inspect", "--operation-id", op, "-w", "w.yaml", "--json"),
+        cwd=tmp_path,
+    )
+    planned = run_dpone(
+        ("recovery", "target-commit", "plan", "--operation-id", op, "-w", "w.yaml", "--json"),
+        cwd=tmp_path,
+    )
+    assert _digest(*files) == before
+    assert json.loads(inspected.stdout)["entry"]["state"] == "COMMIT_UNKNOWN"
+    plan = json.loads(planned.stdout)
+    assert set(plan["allowed_actions"]) == {"mark-committed", "mark-not-committed"}
+    version = plan["version"]
+    apply = (
+        "recovery", "target-commit", "apply", "--operation-id", op, "-w", "w.yaml",
+        "--action", "mark-committed", "--reason", "counted 100 lines in out.jsonl",
+    )
+    # not authorized
+    refused = run_dpone((*apply, "--expected-version", str(version)), cwd=tmp_path,
+                        env={"DPONE_PRINCIPAL": "mallory"})
+    assert refused.returncode == 1
+    assert "DPONE_RECOVERY_UNAUTHORIZED" in refused.stderr
+    # stale version
+    stale = run_dpone((*apply, "--expected-version", str(version - 1)), cwd=tmp_path,
+                      env={"DPONE_PRINCIPAL": "alice"})
+    assert "DPONE_RECOVERY_REFUSED" in stale.stderr
+    # mark-not-committed on a none route needs the attestation
+    unattested = run_dpone(
+        ("recovery", "target-commit", "apply", "--operation-id", op, "-w", "w.yaml",
+         "--action", "mark-not-committed", "--reason", "r", "--expected-version", str(version)),
+        cwd=tmp_path, env={"DPONE_PRINCIPAL": "alice"},
+    )
+    assert "--attest-no-live-writer" in unattested.stderr
+    ok = run_dpone((*apply, "--expected-version", str(version), "--json"), cwd=tmp_path,
+                   env={"DPONE_PRINCIPAL": "alice"})
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["state"] == "TARGET_COMMITTED"
+    # the rerun completes without writing
+    lines_before = (tmp_path / "out.jsonl").read_text().count("\n")
+    done = run_dpone((*RUN, "--json"), cwd=tmp_path)
+    assert json.loads(done.stdout)["state"] == "COMPLETE"
+    assert (tmp_path / "out.jsonl").read_text().count("\n") == lines_before == 100
+    audit = json.loads(run_dpone(
+        ("recovery", "target-commit", "inspect", "--operation-id", op, "-w", "w.yaml", "--json"),
+        cwd=tmp_path,
+    ).stdout)["audit"]
+    outcomes = [(a["principal"], a["outcome"]) for a in audit]
+    assert ("mallory", "refused") in outcomes
+    assert ("alice", "applied") in outcomes
+
+
+CANARY = "CANARYs3cr3t9931"
+
+
+def test_canary_secrets_never_leak(tmp_path: Path) -> None:
+    """A secret in the target URL never reaches journal, audit, fence, logs or errors."""
+    write(tmp_path, {**GOOD, "target": {"kind": "sqlite", "url_env": "WH_URL", "table": "orders"}})
+    env = {"WH_URL": f"sqlite://dpone:{CANARY}@/warehouse.db", "DPONE_PRINCIPAL": "alice"}
+    outputs = []
+    crashed = run_dpone(RUN, cwd=tmp_path, env=env, failpoints="after:fence.mutate=kill")
+    outputs.append(crashed.stdout + crashed.stderr)
+    for args in (
+        (*RUN, "--log-format", "json"),
+        (*RUN, "--json"),
+        ("journal", "list", "-w", "w.yaml", "--json"),
+    ):
+        proc = run_dpone(args, cwd=tmp_path, env=env)
+        outputs.append(proc.stdout + proc.stderr)
+    op = json.loads(outputs[-1])[0]["operation_id"]
+    for sub in ("inspect", "plan"):
+        proc = run_dpone(("recovery", "target-commit", sub, "--operation-id", op, "-w", "w.yaml",
+                          "--json"), cwd=tmp_path, env=env)
+        outputs.append(proc.stdout + proc.stderr)
+    bad = run_dpone(RUN, cwd=tmp_path, env={"WH_URL": f"sqlite://u:{CANARY}@host/x.db?k={CANARY}"})
+    assert bad.returncode == 2
+    outputs.append(bad.stdout + bad.stderr)
+    assert all(CANARY not in text for text in outputs)
+    for f in tmp_path.iterdir():
+        if f.suffix in (".db", ".db-wal") or f.name.endswith("-wal"):
+            assert CANARY.encode() not in f.read_bytes(), f.name
