@@ -72,7 +72,7 @@ _SQL_TYPES: dict[ColumnType, str] = {
 # SQLite's own messages name tables and columns; only these shapes are echoed (never values).
 _NAME = r"[A-Za-z_][A-Za-z0-9_.]*"
 _CONSTRAINT_TARGET_RE = re.compile(
-    rf"^(UNIQUE|NOT NULL) constraint failed: ({_NAME}(?:, {_NAME})*)$"
+    rf"^(?:UNIQUE|NOT NULL) constraint failed: ({_NAME}(?:, {_NAME})*)$"
 )
 _SCHEMA_ERROR_RE = re.compile(r"no such table|no such column|has no column named")
 
@@ -89,6 +89,7 @@ _UNAVAILABLE_CODES = frozenset(
         sqlite3.SQLITE_NOLFS,
     }
 )
+_NOT_A_DATABASE_CODES = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
 _REJECTED_ROW_CODES = frozenset(
     {
         sqlite3.SQLITE_CONSTRAINT,
@@ -154,8 +155,14 @@ def _translate(
             "the transaction was rolled back",
             operation_id=operation_id,
         )
+    if primary in _NOT_A_DATABASE_CODES:
+        return TargetWriteFailed(
+            f"{action}: the target file is not a usable SQLite database ({name})",
+            operation_id=operation_id,
+            hint="check that the target URL points at the right file",
+        )
     return TargetWriteFailed(
-        f"{action}: the SQLite target failed ({name}); the transaction was rolled back",
+        f"{action}: the SQLite target failed ({name}); nothing was written",
         operation_id=operation_id,
     )
 
@@ -318,7 +325,9 @@ def _create_sql(plan: LoadPlan, table: _Table) -> str:
         for c in plan.columns
     ]
     if key:
-        parts.append(f"PRIMARY KEY ({', '.join(_q(k) for k in plan.key)})")
+        # UNIQUE, not PRIMARY KEY: a one-column INTEGER PRIMARY KEY aliases the rowid and
+        # would turn a NULL key into a fresh rowid instead of refusing it.
+        parts.append(f"UNIQUE ({', '.join(_q(k) for k in plan.key)})")
     return f"CREATE TABLE IF NOT EXISTS {table.sql} ({', '.join(parts)})"
 
 
