@@ -52,7 +52,10 @@ workload: bench
 release: "bench"
 deployment: bench
 journal: {journal}
-source: {{kind: csv, path: {data}, columns: {{order_id: integer, customer: text, amount: real, ordered_at: timestamp}}}}
+source:
+  kind: csv
+  path: {data}
+  columns: {{order_id: integer, customer: text, amount: real, ordered_at: timestamp}}
 target: {{kind: sqlite, url: sqlite:///{target}, table: orders}}
 load: {{strategy: append}}
 """
@@ -80,27 +83,45 @@ def bench_bulk(work: Path, rows: int, repeat: int) -> dict[str, float]:
     for i in range(repeat):
         for f in work.glob("*.db*"):
             f.unlink()
-        t, _ = timed_child([sys.executable, "-c", BASELINE, str(data), str(work / f"base{i}.db")], work)
+        t, _ = timed_child(
+            [sys.executable, "-c", BASELINE, str(data), str(work / f"base{i}.db")], work
+        )
         base_times.append(t)
         (work / f"w{i}.yaml").write_text(
-            WORKLOAD.format(journal=f"sqlite:///journal{i}.db", data="orders.csv", target=f"wh{i}.db"),
+            WORKLOAD.format(
+                journal=f"sqlite:///journal{i}.db", data="orders.csv", target=f"wh{i}.db"
+            ),
             encoding="utf-8",
         )
         t, peak = timed_child(
-            [sys.executable, "-m", "dpone", "run", f"w{i}.yaml", "--interval",
-             "2026-11-01/2026-11-02", "--no-progress", "-q"],
+            [
+                sys.executable,
+                "-m",
+                "dpone",
+                "run",
+                f"w{i}.yaml",
+                "--interval",
+                "2026-11-01/2026-11-02",
+                "--no-progress",
+                "-q",
+            ],
             work,
         )
         dpone_times.append(t)
         rss.append(peak)
         with closing(sqlite3.connect(work / f"wh{i}.db")) as db:
             assert db.execute("SELECT count(*) FROM orders").fetchone()[0] == rows
-        print(f"  round {i + 1}: plain sqlite3 {base_times[-1]:.2f}s  dpone run {t:.2f}s  "
-              f"(ratio {t / base_times[-1]:.3f}, peak RSS {peak:.0f} MB)", flush=True)
+        print(
+            f"  round {i + 1}: plain sqlite3 {base_times[-1]:.2f}s  dpone run {t:.2f}s  "
+            f"(ratio {t / base_times[-1]:.3f}, peak RSS {peak:.0f} MB)",
+            flush=True,
+        )
     best_base, best_dpone = min(base_times), min(dpone_times)
     return {
-        "rows": rows, "csv_mb": round(size_mb, 1),
-        "plain_sqlite3_s": round(best_base, 3), "dpone_run_s": round(best_dpone, 3),
+        "rows": rows,
+        "csv_mb": round(size_mb, 1),
+        "plain_sqlite3_s": round(best_base, 3),
+        "dpone_run_s": round(best_dpone, 3),
         "ratio_best": round(best_dpone / best_base, 3),
         "ratio_median": round(statistics.median(dpone_times) / statistics.median(base_times), 3),
         "dpone_peak_rss_mb": round(max(rss), 1),
@@ -120,7 +141,9 @@ def bench_small_ops(work: Path, ops: int) -> dict[str, float]:
     rows = [[(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)] for i in range(ops)]
     db = sqlite3.connect(work / "plain.db", isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
-    db.execute("CREATE TABLE orders (order_id INTEGER, customer TEXT, amount REAL, ordered_at TEXT)")
+    db.execute(
+        "CREATE TABLE orders (order_id INTEGER, customer TEXT, amount REAL, ordered_at TEXT)"
+    )
     started = time.perf_counter()
     for batch in rows:
         db.execute("BEGIN IMMEDIATE")
@@ -130,16 +153,28 @@ def bench_small_ops(work: Path, ops: int) -> dict[str, float]:
     db.close()
 
     results: dict[str, float] = {"ops": ops, "plain_sqlite3_ms_per_op": round(plain_ms, 3)}
-    for mode, journal in (("forward", "sqlite:///small-journal.db"), ("atomic", "sqlite:///small-wh-atomic.db")):
+    for mode, journal in (
+        ("forward", "sqlite:///small-journal.db"),
+        ("atomic", "sqlite:///small-wh-atomic.db"),
+    ):
         target = "small-wh-atomic.db" if mode == "atomic" else "small-wh.db"
         workloads = [
             parse_workload(
                 {
-                    "workload": "small", "release": "bench", "deployment": "bench",
+                    "workload": "small",
+                    "release": "bench",
+                    "deployment": "bench",
                     "journal": journal,
-                    "source": {"kind": "csv", "path": f"small/p{i}.csv",
-                               "columns": {"order_id": "integer", "customer": "text",
-                                           "amount": "real", "ordered_at": "timestamp"}},
+                    "source": {
+                        "kind": "csv",
+                        "path": f"small/p{i}.csv",
+                        "columns": {
+                            "order_id": "integer",
+                            "customer": "text",
+                            "amount": "real",
+                            "ordered_at": "timestamp",
+                        },
+                    },
                     "target": {"kind": "sqlite", "url": f"sqlite:///{target}", "table": "orders"},
                     "load": {"strategy": "append"},
                 },
@@ -181,7 +216,9 @@ def main() -> None:
         print(f"small operations: {args.ops} x 10 rows through the Python API", flush=True)
         small = bench_small_ops(work, args.ops)
         print(json.dumps(small, indent=2))
-        verdict = "PASS" if bulk["ratio_best"] <= 1.15 and bulk["dpone_peak_rss_mb"] < 150 else "FAIL"
+        verdict = (
+            "PASS" if bulk["ratio_best"] <= 1.15 and bulk["dpone_peak_rss_mb"] < 150 else "FAIL"
+        )
         print(f"budget (ratio <= 1.15, RSS < 150 MB): {verdict}")
     finally:
         if not args.keep:

@@ -54,7 +54,9 @@ def _make_data(root: Path, day: int, rows: int) -> None:
     (root / f"day{day}.yaml").write_text(WORKLOAD.format(day=day), encoding="utf-8")
 
 
-def _dpone(root: Path, *args: str, failpoints: str | None = None) -> subprocess.CompletedProcess[str]:
+def _dpone(
+    root: Path, *args: str, failpoints: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "DPONE_FAILPOINTS"}
     env["COLUMNS"] = "150"  # room for the history table in captured output
     if failpoints:
@@ -107,16 +109,26 @@ def run_demo(*, directory: Path | None, rows: int, console: Console) -> int:
     console.print(f"   {op_id} {entries[0]['state'] if entries else '?'}", markup=False)
 
     console.print("3. [bold]dpone recovery target-commit inspect[/] (read-only):")
-    _show(console, _dpone(root, "recovery", "target-commit", "inspect", "--operation-id", op_id,
-                          "-w", "day1.yaml"))
+    _show(
+        console,
+        _dpone(
+            root, "recovery", "target-commit", "inspect", "--operation-id", op_id, "-w", "day1.yaml"
+        ),
+    )
 
-    console.print("4. the retry (what Airflow would do): it reads the fence, finds the commit, "
-                  "and completes without writing again")
+    console.print(
+        "4. the retry (what Airflow would do): it reads the fence, finds the commit, "
+        "and completes without writing again"
+    )
     retry = _dpone(root, *day1)
     _show(console, retry)
     console.print("5. day 2 runs normally; then both are run once more (replays):")
-    _show(console, _dpone(root, "run", "day2.yaml", "--interval", "2026-11-02/2026-11-03",
-                          "--no-progress", "-q"))
+    _show(
+        console,
+        _dpone(
+            root, "run", "day2.yaml", "--interval", "2026-11-02/2026-11-03", "--no-progress", "-q"
+        ),
+    )
     replay = _dpone(root, *day1, "-q")
     _show(console, replay)
 
@@ -134,8 +146,12 @@ def run_demo(*, directory: Path | None, rows: int, console: Console) -> int:
             recorded = (entry["result"] or {}).get("rows_written", 0)
             ok = ok and in_target == recorded == rows and distinct == in_target
             table.add_row(
-                entry["operation_id"][:23] + "…", entry["metadata"]["interval"], entry["state"],
-                f"{recorded:,}", f"{in_target:,}", str(in_target - distinct),
+                entry["operation_id"][:23] + "…",
+                entry["metadata"]["interval"],
+                entry["state"],
+                f"{recorded:,}",
+                f"{in_target:,}",
+                str(in_target - distinct),
             )
     console.print("6. rows per operation:")
     console.print(table)

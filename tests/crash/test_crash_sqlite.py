@@ -45,14 +45,27 @@ load: {{strategy: {strategy}, key: [order_id], interval_column: ordered_at}}
 """
 
 MODES = {
-    "forward": ("sqlite:///journal.db", "{kind: sqlite, url: sqlite:///warehouse.db, table: orders}"),
-    "atomic": ("sqlite:///warehouse.db", "{kind: sqlite, url: sqlite:///warehouse.db, table: orders}"),
+    "forward": (
+        "sqlite:///journal.db",
+        "{kind: sqlite, url: sqlite:///warehouse.db, table: orders}",
+    ),
+    "atomic": (
+        "sqlite:///warehouse.db",
+        "{kind: sqlite, url: sqlite:///warehouse.db, table: orders}",
+    ),
 }
 
 
 def make_workload(
-    root: Path, mode: str, *, name: str = "w.yaml", data: str = "orders.csv",
-    rows: int = ROWS, day: int = 1, start_id: int = 0, strategy: str = "append",
+    root: Path,
+    mode: str,
+    *,
+    name: str = "w.yaml",
+    data: str = "orders.csv",
+    rows: int = ROWS,
+    day: int = 1,
+    start_id: int = 0,
+    strategy: str = "append",
 ) -> Path:
     journal, target = MODES[mode]
     write_orders_csv(root / data, rows, day=day, start_id=start_id)
@@ -116,15 +129,28 @@ def test_kill_at_every_failpoint_then_rerun_writes_exactly_once(
 # Points a first attempt always reaches, so the test above really kills there.
 FIRST_ATTEMPT = {
     "forward": [
-        "after:journal.create", "after:lease.acquire", "after:fence.prepare",
-        "before:COMMITTING", "after:COMMITTING", "before:fence.mutate",
-        "fence.mutate.before_commit", "after:fence.mutate", "after:fence.observe",
-        "before:COMPLETE", "after:COMPLETE", "before:lease.release",
+        "after:journal.create",
+        "after:lease.acquire",
+        "after:fence.prepare",
+        "before:COMMITTING",
+        "after:COMMITTING",
+        "before:fence.mutate",
+        "fence.mutate.before_commit",
+        "after:fence.mutate",
+        "after:fence.observe",
+        "before:COMPLETE",
+        "after:COMPLETE",
+        "before:lease.release",
     ],
     "atomic": [
-        "after:journal.create", "after:lease.acquire", "after:fence.prepare",
-        "before:fence.mutate", "fence.mutate.before_commit", "before:COMPLETE",
-        "after:fence.mutate", "after:COMPLETE",
+        "after:journal.create",
+        "after:lease.acquire",
+        "after:fence.prepare",
+        "before:fence.mutate",
+        "fence.mutate.before_commit",
+        "before:COMPLETE",
+        "after:fence.mutate",
+        "after:COMPLETE",
     ],
 }
 
@@ -246,11 +272,14 @@ def test_random_kills_during_a_100k_row_load(tmp_path: Path) -> None:
     rng = random.Random(20261130)
     rows = 100_000
     # calibrate: how long does one load take here?
-    make_workload(tmp_path, "forward", name="calibrate.yaml", data="d0.csv", rows=rows, day=1,
-                  start_id=0)
+    make_workload(
+        tmp_path, "forward", name="calibrate.yaml", data="d0.csv", rows=rows, day=1, start_id=0
+    )
     started = time.monotonic()
-    proc = run_dpone(("run", "calibrate.yaml", "--interval", "2026-11-01/2026-11-02",
-                      "--no-progress", "-q"), cwd=tmp_path)
+    proc = run_dpone(
+        ("run", "calibrate.yaml", "--interval", "2026-11-01/2026-11-02", "--no-progress", "-q"),
+        cwd=tmp_path,
+    )
     duration = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     killed = 0
@@ -260,8 +289,14 @@ def test_random_kills_during_a_100k_row_load(tmp_path: Path) -> None:
         root.mkdir()
         day = 1 + trial % 28
         make_workload(root, mode, rows=rows, day=day, start_id=trial * 1_000_000)
-        run = ("run", "w.yaml", "--interval", f"2026-11-{day:02d}/2026-11-{day + 1:02d}",
-               "--no-progress", "-q")
+        run = (
+            "run",
+            "w.yaml",
+            "--interval",
+            f"2026-11-{day:02d}/2026-11-{day + 1:02d}",
+            "--no-progress",
+            "-q",
+        )
         child = start_dpone(run, cwd=root)
         time.sleep(rng.uniform(0.0, duration * 1.1))
         if child.poll() is None:
@@ -278,10 +313,12 @@ def test_journal_list_json_shows_the_truth_after_a_crash(tmp_path: Path) -> None
     """After a kill in COMMITTING, `journal list --json` shows COMMITTING, then COMPLETE."""
     make_workload(tmp_path, "forward")
     assert run_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=kill").returncode == KILLED
-    listed = run_dpone(("journal", "list", "--journal", "sqlite:///journal.db", "--json"),
-                       cwd=tmp_path)
+    listed = run_dpone(
+        ("journal", "list", "--journal", "sqlite:///journal.db", "--json"), cwd=tmp_path
+    )
     assert [e["state"] for e in json.loads(listed.stdout)] == ["COMMITTING"]
     assert run_until_done(RUN, cwd=tmp_path).final == 0
-    listed = run_dpone(("journal", "list", "--journal", "sqlite:///journal.db", "--json"),
-                       cwd=tmp_path)
+    listed = run_dpone(
+        ("journal", "list", "--journal", "sqlite:///journal.db", "--json"), cwd=tmp_path
+    )
     assert [e["state"] for e in json.loads(listed.stdout)] == ["COMPLETE"]

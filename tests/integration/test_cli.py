@@ -190,7 +190,9 @@ def test_inspect_and_plan_write_nothing_and_apply_is_audited(tmp_path: Path) -> 
     assert killed.returncode == -9
     unknown = run_dpone(RUN, cwd=tmp_path)
     assert unknown.returncode == 3
-    [entry] = json.loads(run_dpone(("journal", "list", "-w", "w.yaml", "--json"), cwd=tmp_path).stdout)
+    [entry] = json.loads(
+        run_dpone(("journal", "list", "-w", "w.yaml", "--json"), cwd=tmp_path).stdout
+    )
     op = entry["operation_id"]
     files = (tmp_path / "journal.db", tmp_path / "out.jsonl")
     before = _digest(*files)
@@ -208,27 +210,59 @@ def test_inspect_and_plan_write_nothing_and_apply_is_audited(tmp_path: Path) -> 
     assert set(plan["allowed_actions"]) == {"mark-committed", "mark-not-committed"}
     version = plan["version"]
     apply = (
-        "recovery", "target-commit", "apply", "--operation-id", op, "-w", "w.yaml",
-        "--action", "mark-committed", "--reason", "counted 100 lines in out.jsonl",
+        "recovery",
+        "target-commit",
+        "apply",
+        "--operation-id",
+        op,
+        "-w",
+        "w.yaml",
+        "--action",
+        "mark-committed",
+        "--reason",
+        "counted 100 lines in out.jsonl",
     )
     # not authorized
-    refused = run_dpone((*apply, "--expected-version", str(version)), cwd=tmp_path,
-                        env={"DPONE_PRINCIPAL": "mallory"})
+    refused = run_dpone(
+        (*apply, "--expected-version", str(version)),
+        cwd=tmp_path,
+        env={"DPONE_PRINCIPAL": "mallory"},
+    )
     assert refused.returncode == 1
     assert "DPONE_RECOVERY_UNAUTHORIZED" in refused.stderr
     # stale version
-    stale = run_dpone((*apply, "--expected-version", str(version - 1)), cwd=tmp_path,
-                      env={"DPONE_PRINCIPAL": "alice"})
+    stale = run_dpone(
+        (*apply, "--expected-version", str(version - 1)),
+        cwd=tmp_path,
+        env={"DPONE_PRINCIPAL": "alice"},
+    )
     assert "DPONE_RECOVERY_REFUSED" in stale.stderr
     # mark-not-committed on a none route needs the attestation
     unattested = run_dpone(
-        ("recovery", "target-commit", "apply", "--operation-id", op, "-w", "w.yaml",
-         "--action", "mark-not-committed", "--reason", "r", "--expected-version", str(version)),
-        cwd=tmp_path, env={"DPONE_PRINCIPAL": "alice"},
+        (
+            "recovery",
+            "target-commit",
+            "apply",
+            "--operation-id",
+            op,
+            "-w",
+            "w.yaml",
+            "--action",
+            "mark-not-committed",
+            "--reason",
+            "r",
+            "--expected-version",
+            str(version),
+        ),
+        cwd=tmp_path,
+        env={"DPONE_PRINCIPAL": "alice"},
     )
     assert "--attest-no-live-writer" in unattested.stderr
-    ok = run_dpone((*apply, "--expected-version", str(version), "--json"), cwd=tmp_path,
-                   env={"DPONE_PRINCIPAL": "alice"})
+    ok = run_dpone(
+        (*apply, "--expected-version", str(version), "--json"),
+        cwd=tmp_path,
+        env={"DPONE_PRINCIPAL": "alice"},
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["state"] == "TARGET_COMMITTED"
     # the rerun completes without writing
@@ -236,10 +270,21 @@ def test_inspect_and_plan_write_nothing_and_apply_is_audited(tmp_path: Path) -> 
     done = run_dpone((*RUN, "--json"), cwd=tmp_path)
     assert json.loads(done.stdout)["state"] == "COMPLETE"
     assert (tmp_path / "out.jsonl").read_text().count("\n") == lines_before == 100
-    audit = json.loads(run_dpone(
-        ("recovery", "target-commit", "inspect", "--operation-id", op, "-w", "w.yaml", "--json"),
-        cwd=tmp_path,
-    ).stdout)["audit"]
+    audit = json.loads(
+        run_dpone(
+            (
+                "recovery",
+                "target-commit",
+                "inspect",
+                "--operation-id",
+                op,
+                "-w",
+                "w.yaml",
+                "--json",
+            ),
+            cwd=tmp_path,
+        ).stdout
+    )["audit"]
     outcomes = [(a["principal"], a["outcome"]) for a in audit]
     assert ("mallory", "refused") in outcomes
     assert ("alice", "applied") in outcomes
@@ -264,8 +309,11 @@ def test_canary_secrets_never_leak(tmp_path: Path) -> None:
         outputs.append(proc.stdout + proc.stderr)
     op = json.loads(outputs[-1])[0]["operation_id"]
     for sub in ("inspect", "plan"):
-        proc = run_dpone(("recovery", "target-commit", sub, "--operation-id", op, "-w", "w.yaml",
-                          "--json"), cwd=tmp_path, env=env)
+        proc = run_dpone(
+            ("recovery", "target-commit", sub, "--operation-id", op, "-w", "w.yaml", "--json"),
+            cwd=tmp_path,
+            env=env,
+        )
         outputs.append(proc.stdout + proc.stderr)
     bad = run_dpone(RUN, cwd=tmp_path, env={"WH_URL": f"sqlite://u:{CANARY}@host/x.db?k={CANARY}"})
     assert bad.returncode == 2

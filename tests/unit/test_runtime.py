@@ -7,13 +7,19 @@ from collections.abc import Iterator
 import pytest
 
 from dpone.adapters.journal.memory import InMemoryCommitJournal
-from dpone.contracts.fence import FenceCapability, FenceObservation, FenceStatus, SealOutcome, SealResult
+from dpone.contracts.fence import (
+    FenceCapability,
+    FenceObservation,
+    FenceStatus,
+    SealOutcome,
+    SealResult,
+)
 from dpone.contracts.identity import parse_interval
 from dpone.contracts.load import Column, ColumnType, LoadPlan, LoadStrategy, MutationReport
 from dpone.contracts.states import CommitState
 from dpone.errors import (
-    CommitUnknown,
     CommittedIncomplete,
+    CommitUnknown,
     InjectedFault,
     IntentConflict,
     JournalUnavailable,
@@ -91,8 +97,11 @@ def test_first_run_writes_once_and_completes(world: World) -> None:
     assert len(world.target.rows()) == len(ROWS)
     steps = [(t.from_state, t.to_state) for t in world.journal.history(OP) if t.kind != "lease"]
     assert steps == [
-        (None, S.PREPARING), (S.PREPARING, S.PREPARED), (S.PREPARED, S.COMMITTING),
-        (S.COMMITTING, S.TARGET_COMMITTED), (S.TARGET_COMMITTED, S.COMPLETE),
+        (None, S.PREPARING),
+        (S.PREPARING, S.PREPARED),
+        (S.PREPARED, S.COMMITTING),
+        (S.COMMITTING, S.TARGET_COMMITTED),
+        (S.TARGET_COMMITTED, S.COMPLETE),
     ]
 
 
@@ -182,7 +191,9 @@ def test_persistent_completion_failure_is_committed_incomplete(world: World) -> 
 
 def test_live_lease_blocks_a_second_executor(world: World) -> None:
     """While one executor holds the lease another gets LeaseHeld and writes nothing."""
-    world.journal.create_intent(operation_id=OP, intent_digest=spec().intent_digest, metadata={}, actor="a")
+    world.journal.create_intent(
+        operation_id=OP, intent_digest=spec().intent_digest, metadata={}, actor="a"
+    )
     world.journal.acquire_lease(operation_id=OP, owner="otherhost:1:1", ttl_seconds=30)
     with pytest.raises(LeaseHeld):
         world.executor().run(spec())
@@ -192,7 +203,9 @@ def test_live_lease_blocks_a_second_executor(world: World) -> None:
 def test_stale_executor_is_fenced_and_newer_one_wins(world: World) -> None:
     """An executor whose epoch was superseded cannot write: exactly one mutation lands."""
     s = spec()
-    world.journal.create_intent(operation_id=OP, intent_digest=s.intent_digest, metadata={}, actor="a")
+    world.journal.create_intent(
+        operation_id=OP, intent_digest=s.intent_digest, metadata={}, actor="a"
+    )
     old = world.journal.acquire_lease(operation_id=OP, owner="a", ttl_seconds=30)
     world.target.prepare(operation_id=OP, intent_digest=s.intent_digest, epoch=old.lease_epoch)
     # a newer executor seals the fence at a higher epoch (e.g. after A's lease expired)
@@ -201,8 +214,12 @@ def test_stale_executor_is_fenced_and_newer_one_wins(world: World) -> None:
 
     with pytest.raises(FencedOut):
         world.target.mutate(
-            operation_id=OP, intent_digest=s.intent_digest, epoch=old.lease_epoch,
-            plan=s.plan, batches=[ROWS], content_digest="d",
+            operation_id=OP,
+            intent_digest=s.intent_digest,
+            epoch=old.lease_epoch,
+            plan=s.plan,
+            batches=[ROWS],
+            content_digest="d",
         )
     assert world.target.rows() == []
 
@@ -213,12 +230,17 @@ def test_committed_fence_with_unchanged_entry_is_a_recovery_conflict(world: Worl
     # the target has a commit for this operation that the journal never heard of
     world.target.prepare(operation_id=OP, intent_digest=s.intent_digest, epoch=50)
     world.target.mutate(
-        operation_id=OP, intent_digest=s.intent_digest, epoch=50, plan=s.plan,
-        batches=[ROWS], content_digest="d",
+        operation_id=OP,
+        intent_digest=s.intent_digest,
+        epoch=50,
+        plan=s.plan,
+        batches=[ROWS],
+        content_digest="d",
     )
     with pytest.raises(RecoveryConflict) as caught:
         world.executor().run(s)
-    assert caught.value.recovery_ref and OP in caught.value.recovery_ref
+    assert caught.value.recovery_ref
+    assert OP in caught.value.recovery_ref
     assert len(world.target.rows()) == len(ROWS)
 
 
@@ -282,7 +304,7 @@ class FlakyJournal(InMemoryCommitJournal):
 
 
 def test_secondary_failures_never_replace_the_primary_outcome(world: World) -> None:
-    """Journal down after the commit: the run says COMMITTED_INCOMPLETE (the truth), not the secondary error."""
+    """Journal down after the commit: COMMITTED_INCOMPLETE (the truth), not the secondary error."""
     journal = FlakyJournal()
     target = InMemoryConnector()
     protocol = CommitProtocol(journal=journal, connector=target, source=world.source, owner="x")

@@ -47,9 +47,7 @@ def acquire(
     try:
         failpoints.hit("after:lease.acquire")
     except DponeError:
-        journal.release_lease(
-            operation_id=operation_id, owner=owner, lease_epoch=entry.lease_epoch
-        )
+        journal.release_lease(operation_id=operation_id, owner=owner, lease_epoch=entry.lease_epoch)
         raise
     return entry
 

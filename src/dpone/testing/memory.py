@@ -15,7 +15,13 @@ from dpone.contracts.fence import (
     SealResult,
 )
 from dpone.contracts.load import Column, LoadPlan, LoadStrategy, MutationReport
-from dpone.errors import FencedOut, FenceUnavailable, SourceInvalid, TargetSchemaMismatch
+from dpone.errors import (
+    FencedOut,
+    FenceUnavailable,
+    SourceInvalid,
+    TargetSchemaMismatch,
+    TargetWriteFailed,
+)
 from dpone.ports.connector import Rows, WithinTransaction
 
 __all__ = ["InMemoryConnector", "ListSource"]
@@ -110,14 +116,23 @@ class InMemoryConnector:
         with self._locked():
             fence = self._store.fences.get(operation_id)
             if fence is None or fence.state != "prepared" or fence.epoch != epoch:
-                raise FencedOut("the fence is not prepared at this epoch", operation_id=operation_id)
+                raise FencedOut(
+                    "the fence is not prepared at this epoch", operation_id=operation_id
+                )
             names = [c.name for c in plan.columns]
             current = list(self._store.tables.get(plan.table, []))
-            incoming = [
-                {n: (None if v == "" else v) for n, v in zip(names, row, strict=True)}
-                for batch in batches
-                for row in batch
-            ]
+            incoming = []
+            for batch in batches:
+                for row in batch:
+                    if len(row) != len(names):
+                        raise TargetWriteFailed(
+                            f"a row does not have the plan's {len(names)} values; "
+                            "nothing was written",
+                            operation_id=operation_id,
+                        )
+                    incoming.append(
+                        {n: (None if v == "" else v) for n, v in zip(names, row, strict=True)}
+                    )
             table = _apply(plan, current, incoming)
             if within is not None:
                 within(self)
@@ -187,8 +202,8 @@ def _apply(
         for row in incoming:
             merged[tuple(row[k] for k in plan.key)] = row
         return list(merged.values())
-    assert plan.interval is not None  # noqa: S101 - config guarantees it
-    assert plan.interval_column is not None  # noqa: S101
+    assert plan.interval is not None
+    assert plan.interval_column is not None
     from datetime import UTC, datetime
 
     def inside(row: dict[str, object]) -> bool:
