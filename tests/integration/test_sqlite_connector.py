@@ -277,7 +277,7 @@ def test_empty_strings_become_null(db: Path, connector: SqliteConnector) -> None
 
 def test_row_count_spans_statement_groups(db: Path, connector: SqliteConnector) -> None:
     """Batches of odd sizes (grouped statements plus remainders) insert every row in order."""
-    sizes = [199, 200, 201, 1, 0, 450]
+    sizes = [199, 200, 201, 499, 500, 501, 1, 0, 1200]  # around the 500-row statements
     start, batches = 0, []
     for size in sizes:
         batches.append([(i, f"n{i}", i / 2) for i in range(start, start + size)])
