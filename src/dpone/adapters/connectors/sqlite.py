@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -424,6 +425,9 @@ class SqliteConnector:
         self._path = Path(path).expanduser().resolve()
         self._table = _parse_table(table) if table is not None else None
         self._lock_timeout_s = float(lock_timeout_s)
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
 
     @property
     def kind(self) -> str:
@@ -456,13 +460,17 @@ class SqliteConnector:
 
     # ----------------------------------------------------------------- connections
 
-    def _connect(self, *, write: bool) -> sqlite3.Connection:
-        conn = sqlite3.connect(self._path, timeout=self._lock_timeout_s, isolation_level=None)
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._lock_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,  # only close() touches another thread's connection
+        )
         try:
-            if write:
-                conn.execute("PRAGMA journal_mode=WAL")
-                # FULL: a fence reported committed must survive power loss with its data.
-                conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA journal_mode=WAL")
+            # FULL: a fence reported committed must survive power loss with its data.
+            conn.execute("PRAGMA synchronous=FULL")
         except BaseException:
             conn.close()
             raise
@@ -472,23 +480,27 @@ class SqliteConnector:
     def _connection(
         self, *, action: str, write: bool, operation_id: str | None = None
     ) -> Iterator[sqlite3.Connection]:
-        if write:
+        # One connection per thread, kept until close(): closing the last connection of a
+        # WAL database checkpoints it, which would cost a few fsyncs on every call.
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if write:
+                try:
+                    self._path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise FenceUnavailable(
+                        f"{action}: the SQLite target's directory could not be created "
+                        f"({type(exc).__name__})",
+                        operation_id=operation_id,
+                    ) from exc
             try:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise FenceUnavailable(
-                    f"{action}: the SQLite target's directory could not be created "
-                    f"({type(exc).__name__})",
-                    operation_id=operation_id,
-                ) from exc
-        try:
-            conn = self._connect(write=write)
-        except sqlite3.Error as exc:
-            raise self._translate(exc, action, operation_id) from exc
-        try:
-            yield conn
-        finally:
-            conn.close()
+                conn = self._connect()
+            except sqlite3.Error as exc:
+                raise self._translate(exc, action, operation_id) from exc
+            with self._conns_lock:
+                self._conns.append(conn)
+            self._local.conn = conn
+        yield conn
 
     def _translate(self, exc: BaseException, action: str, operation_id: str | None) -> DponeError:
         return _translate(
@@ -697,4 +709,12 @@ class SqliteConnector:
         return self._write(body, action="seal", operation_id=operation_id)
 
     def close(self) -> None:
-        """Nothing stays open between calls (each opens and closes its own). Idempotent."""
+        """Close the connections this connector opened, in every thread. Idempotent."""
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        self._local = threading.local()
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
