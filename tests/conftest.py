@@ -1,0 +1,3 @@
+"""Shared fixtures: see tests/fixtures/."""
+
+pytest_plugins = ["tests.fixtures.pg"]
