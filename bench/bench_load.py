@@ -129,7 +129,7 @@ def bench_bulk(work: Path, rows: int, repeat: int) -> dict[str, float]:
 
 
 def bench_small_ops(work: Path, ops: int) -> dict[str, float]:
-    from dpone.api import run_operation
+    from dpone.api import Runner
     from dpone.config.workload import parse_workload
 
     src = work / "small"
@@ -158,46 +158,45 @@ def bench_small_ops(work: Path, ops: int) -> dict[str, float]:
         ("atomic", "sqlite:///small-wh-atomic.db"),
     ):
         target = "small-wh-atomic.db" if mode == "atomic" else "small-wh.db"
-        workloads = [
-            parse_workload(
-                {
-                    "workload": "small",
-                    "release": "bench",
-                    "deployment": "bench",
-                    "journal": journal,
-                    "source": {
-                        "kind": "csv",
-                        "path": f"small/p{i}.csv",
-                        "columns": {
-                            "order_id": "integer",
-                            "customer": "text",
-                            "amount": "real",
-                            "ordered_at": "timestamp",
-                        },
+        workload = parse_workload(
+            {
+                "workload": "small",
+                "release": "bench",
+                "deployment": "bench",
+                "journal": journal,
+                "source": {
+                    "kind": "csv",
+                    "path": "small/p{partition}.csv",
+                    "columns": {
+                        "order_id": "integer",
+                        "customer": "text",
+                        "amount": "real",
+                        "ordered_at": "timestamp",
                     },
-                    "target": {"kind": "sqlite", "url": f"sqlite:///{target}", "table": "orders"},
-                    "load": {"strategy": "append"},
                 },
-                base_dir=work,
-            )
-            for i in range(ops)
-        ]
-        started = time.perf_counter()
-        for i, w in enumerate(workloads):
-            r = run_operation(w, interval="2026-11-01/2026-11-02", partition=f"p{i}")
-            assert r.mode.value == ("atomic" if mode == "atomic" else "forward_recovery")
-        results[f"dpone_{mode}_ms_per_op"] = round((time.perf_counter() - started) * 1000 / ops, 3)
-        before = (work / target).stat().st_mtime_ns
-        started = time.perf_counter()
-        for i, w in enumerate(workloads):
-            assert run_operation(w, interval="2026-11-01/2026-11-02", partition=f"p{i}").replayed
-        results[f"dpone_{mode}_replay_ms_per_op"] = round(
-            (time.perf_counter() - started) * 1000 / ops, 3
+                "target": {"kind": "sqlite", "url": f"sqlite:///{target}", "table": "orders"},
+                "load": {"strategy": "append"},
+            },
+            base_dir=work,
         )
+        with Runner(workload) as runner:
+            started = time.perf_counter()
+            for i in range(ops):
+                r = runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
+                assert r.mode.value == ("atomic" if mode == "atomic" else "forward_recovery")
+            took = time.perf_counter() - started
+            results[f"dpone_{mode}_ms_per_op"] = round(took * 1000 / ops, 3)
+            before = (work / target).stat().st_mtime_ns + (work / f"{target}-wal").stat().st_size
+            started = time.perf_counter()
+            for i in range(ops):
+                assert runner.run(interval="2026-11-01/2026-11-02", partition=str(i)).replayed
+            took = time.perf_counter() - started
+            results[f"dpone_{mode}_replay_ms_per_op"] = round(took * 1000 / ops, 3)
+            if mode == "forward":
+                after = (work / target).stat().st_mtime_ns + (work / f"{target}-wal").stat().st_size
+                assert after == before, "replay touched the target"
         with closing(sqlite3.connect(work / target)) as db:
             assert db.execute("SELECT count(*) FROM orders").fetchone()[0] == ops * 10
-        if mode == "forward":
-            assert (work / target).stat().st_mtime_ns == before, "replay touched the target"
     return results
 
 

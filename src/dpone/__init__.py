@@ -10,9 +10,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dpone.api import RunContext, run_operation
+    from dpone.api import RunContext, Runner, run_operation
 
-__all__ = ["RunContext", "__version__", "run_operation"]
+__all__ = ["RunContext", "Runner", "__version__", "run_operation"]
 
 try:
     __version__ = version("dpone")
@@ -22,7 +22,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 def __getattr__(name: str) -> Any:
     # the API pulls in config and adapters; keep `import dpone` light (Airflow DAG parsing)
-    if name in ("run_operation", "RunContext"):
+    if name in ("run_operation", "RunContext", "Runner"):
         from dpone import api
 
         return getattr(api, name)

@@ -4,20 +4,100 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import TracebackType
 
 from dpone.config.bootstrap import (
     RunContext,
     build_route,
     configure_failpoints,
+    open_source,
     plan_operation,
 )
 from dpone.config.workload import Workload, load_workload
-from dpone.contracts.identity import Interval
+from dpone.contracts.identity import Interval, parse_interval
 from dpone.contracts.result import OperationResult
 from dpone.runtime.commit_protocol import CommitProtocol
 from dpone.runtime.executor import executor_label
 
-__all__ = ["RunContext", "run_operation"]
+__all__ = ["RunContext", "Runner", "run_operation"]
+
+
+class Runner:
+    """Runs many operations of one workload over one set of open connections.
+
+    ``run_operation`` is a Runner used once; keep a Runner when you run many small
+    operations in one process (connection setup costs more than a small load).
+
+    Args:
+        workload: a workload file path or an already loaded :class:`Workload`.
+        environ: environment to resolve ``*_env`` references from (default ``os.environ``).
+    """
+
+    def __init__(
+        self, workload: Workload | str | Path, *, environ: Mapping[str, str] | None = None
+    ) -> None:
+        self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
+        configure_failpoints(environ)
+        self._route = build_route(self.workload, environ=environ)
+
+    def run(
+        self,
+        *,
+        interval: Interval | str,
+        partition: str | None = None,
+        context: RunContext | None = None,
+        on_rows: Callable[[int], None] | None = None,
+    ) -> OperationResult:
+        """Run (or resume, or replay) one operation and return its result.
+
+        Args:
+            interval: ``START/END`` (half-open, UTC) or an :class:`Interval`.
+            partition: the mapped partition identity, if the workload is partitioned.
+            context: logical run identity (Airflow fills it); never a try number.
+            on_rows: called with the size of each batch as it is written (progress).
+
+        Returns:
+            The COMPLETE operation's result; ``replayed`` is True when it was already
+            complete and nothing was written.
+
+        Raises:
+            DponeError: a typed error from :mod:`dpone.errors`; its ``code`` and
+                ``retryability`` say what to do next.
+        """
+        window = parse_interval(interval) if isinstance(interval, str) else interval
+        source = open_source(self.workload, window, partition)
+        spec = plan_operation(
+            self.workload,
+            self._route,
+            source,
+            interval=window,
+            partition=partition,
+            context=context,
+        )
+        protocol = CommitProtocol(
+            journal=self._route.journal,
+            connector=self._route.connector,
+            source=source,
+            owner=executor_label(),
+            atomic_journal=self._route.atomic,
+            on_rows=on_rows,
+        )
+        return protocol.run(spec)
+
+    def close(self) -> None:
+        """Close the journal and target connections. Idempotent."""
+        self._route.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def run_operation(
@@ -29,41 +109,6 @@ def run_operation(
     on_rows: Callable[[int], None] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> OperationResult:
-    """Run (or resume, or replay) one operation of ``workload`` and return its result.
-
-    Args:
-        workload: a workload file path or an already loaded :class:`Workload`.
-        interval: ``START/END`` (half-open, UTC) or an :class:`Interval`.
-        partition: the mapped partition identity, if the workload is partitioned.
-        context: logical run identity (Airflow fills it); never a try number.
-        on_rows: called with the size of each batch as it is written (progress).
-        environ: environment to resolve ``*_env`` references from (default ``os.environ``).
-
-    Returns:
-        The COMPLETE operation's result; ``replayed`` is True when it was already complete
-        and nothing was written.
-
-    Raises:
-        DponeError: a typed error from :mod:`dpone.errors`; its ``code`` and
-            ``retryability`` say what to do next.
-
-    """
-    spec_workload = workload if isinstance(workload, Workload) else load_workload(workload)
-    configure_failpoints(environ)
-    route = build_route(spec_workload, environ=environ)
-    try:
-        spec = plan_operation(
-            spec_workload, route, interval=interval, partition=partition, context=context
-        )
-        assert route.source is not None  # noqa: S101 - build_route opened it
-        protocol = CommitProtocol(
-            journal=route.journal,
-            connector=route.connector,
-            source=route.source,
-            owner=executor_label(),
-            atomic_journal=route.atomic,
-            on_rows=on_rows,
-        )
-        return protocol.run(spec)
-    finally:
-        route.close()
+    """Run (or resume, or replay) one operation of ``workload``; see :meth:`Runner.run`."""
+    with Runner(workload, environ=environ) as runner:
+        return runner.run(interval=interval, partition=partition, context=context, on_rows=on_rows)

@@ -370,7 +370,7 @@ def _recovery_service(workload: Path) -> tuple[Any, Any]:
     from dpone.recovery.service import RecoveryService
 
     spec = load_workload(workload)
-    route = build_route(spec, with_source=False)
+    route = build_route(spec)
     service = RecoveryService(
         journal=route.journal,
         connector=route.connector,

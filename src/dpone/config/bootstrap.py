@@ -19,7 +19,6 @@ from dpone.contracts.identity import (
     derive_intent_digest,
     derive_operation_id,
     digest_of,
-    parse_interval,
 )
 from dpone.contracts.load import Column, LoadPlan
 from dpone.errors import ConfigInvalid
@@ -43,6 +42,7 @@ __all__ = [
     "build_route",
     "configure_failpoints",
     "open_journal",
+    "open_source",
     "plan_operation",
 ]
 
@@ -65,7 +65,6 @@ class Route:
 
     journal: CommitJournalPort
     connector: TargetConnectorPort
-    source: SourcePort | None
     atomic: TransactionalJournalPort | None = None
     closed: bool = field(default=False)
 
@@ -117,9 +116,30 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
     raise ConfigInvalid("unknown target kind", field="target.kind")  # pragma: no cover
 
 
-def _open_source(workload: Workload) -> SourcePort:
+def source_path(workload: Workload, window: Interval, partition: str | None) -> Path:
+    """Resolve the source path, filling ``{partition}``, ``{start:FMT}`` and ``{end:FMT}``."""
+    raw = workload.source.path
+    if "{partition" in raw and partition is None:
+        raise ConfigInvalid(
+            "source.path uses {partition}, but no partition was given",
+            field="source.path",
+            hint="pass --partition P (or partition= in the Python API)",
+        )
+    try:
+        filled = raw.format(partition=partition or "", start=window.start, end=window.end)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise ConfigInvalid(
+            f"source.path cannot be filled in ({type(exc).__name__})",
+            field="source.path",
+            hint="use {partition}, {start:%Y-%m-%d} or {end:%Y-%m-%d}",
+        ) from None
+    return workload.resolve_path(filled)
+
+
+def open_source(workload: Workload, window: Interval, partition: str | None) -> SourcePort:
+    """Open the workload's source for one operation."""
     source = workload.source
-    path = workload.resolve_path(source.path)
+    path = source_path(workload, window, partition)
     if isinstance(source, CsvSourceConfig):
         from dpone.adapters.sources.csv import CsvSource
 
@@ -129,13 +149,8 @@ def _open_source(workload: Workload) -> SourcePort:
     return cast(SourcePort, JsonlSource(path, columns=source.columns))
 
 
-def build_route(
-    workload: Workload,
-    *,
-    environ: Mapping[str, str] | None = None,
-    with_source: bool = True,
-) -> Route:
-    """Open the workload's journal, connector and (optionally) source; detect atomic mode."""
+def build_route(workload: Workload, *, environ: Mapping[str, str] | None = None) -> Route:
+    """Open the workload's journal and connector; detect atomic mode."""
     env = os.environ if environ is None else environ
     journal = open_journal(workload.journal_url(dict(env)), base_dir=workload.base_dir)
     try:
@@ -147,8 +162,7 @@ def build_route(
     shares = getattr(journal, "shares_database_with", None)
     if shares is not None and shares(connector.database_locator()):
         atomic = cast(TransactionalJournalPort, journal)
-    source = _open_source(workload) if with_source else None
-    return Route(journal=journal, connector=connector, source=source, atomic=atomic)
+    return Route(journal=journal, connector=connector, atomic=atomic)
 
 
 def _pack_fingerprint(workload: Workload, target_identity: str) -> str:
@@ -169,17 +183,15 @@ def _pack_fingerprint(workload: Workload, target_identity: str) -> str:
 def plan_operation(
     workload: Workload,
     route: Route,
+    source: SourcePort,
     *,
-    interval: Interval | str,
+    interval: Interval,
     partition: str | None = None,
     context: RunContext | None = None,
 ) -> OperationSpec:
     """Derive identity and intent, and build the load plan, for one operation."""
     ctx = context or RunContext()
-    window = parse_interval(interval) if isinstance(interval, str) else interval
-    source = route.source
-    if source is None:
-        raise ConfigInvalid("this route was opened without a source", field="source")
+    window = interval
     target_identity = route.connector.target_identity()
     operation_id = derive_operation_id(
         release_id=workload.release,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import string
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -58,6 +59,27 @@ def _identifier(value: str, *, qualified: bool = False) -> str:
 Identifier = Annotated[str, Field(min_length=1, max_length=63)]
 
 
+_PATH_FIELDS = frozenset({"partition", "start", "end"})
+
+
+def _path_template(value: str) -> str:
+    """Check the placeholders of a source path: {partition}, {start:%Y-%m-%d}, {end:...}."""
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+    except ValueError:
+        raise ValueError(
+            f"{value!r} has an unbalanced brace; placeholders are {{partition}}, "
+            "{start:%Y-%m-%d} and {end:%Y-%m-%d}"
+        ) from None
+    unknown = sorted(fields - _PATH_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"unknown placeholder(s) {unknown} in the path; use {{partition}}, "
+            "{start:FORMAT} or {end:FORMAT}"
+        )
+    return value
+
+
 class CsvSourceConfig(_Model):
     kind: Literal["csv"]
     path: str
@@ -71,6 +93,11 @@ class CsvSourceConfig(_Model):
             _identifier(name)
         return value
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _path_template(value)
+
 
 class JsonlSourceConfig(_Model):
     kind: Literal["jsonl"]
@@ -83,6 +110,11 @@ class JsonlSourceConfig(_Model):
         for name in value or {}:
             _identifier(name)
         return value
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _path_template(value)
 
 
 class SqliteTargetConfig(_Model):
