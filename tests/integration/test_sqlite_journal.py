@@ -6,7 +6,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -184,7 +184,7 @@ def test_locked_journal_raises_journal_unavailable(path: Path) -> None:
         entry = leased(journal)
         blocker.execute("BEGIN IMMEDIATE")
         started = time.monotonic()
-        attempts = [
+        attempts: list[Callable[[], object]] = [
             lambda: create(journal),
             lambda: journal.compare_and_set(
                 operation_id=entry.operation_id,

@@ -9,13 +9,16 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpone.adapters.journal import _rules
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
+
+if TYPE_CHECKING:
+    from dpone.ports.journal import TransactionalJournalPort
 
 __all__ = ["LOCATOR_PREFIX", "SCHEMA_VERSION", "SqliteCommitJournal"]
 
@@ -884,3 +887,10 @@ def _audit(row: tuple[Any, ...]) -> AuditRecord:
         outcome=row[9],
         at=float(row[10]),
     )
+
+
+if TYPE_CHECKING:
+
+    def _conforms(journal: SqliteCommitJournal) -> TransactionalJournalPort:
+        # mypy proves here that the adapter matches the port, without inheriting from it
+        return journal
