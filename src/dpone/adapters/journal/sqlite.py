@@ -545,13 +545,20 @@ class SqliteCommitJournal:
         if conn is not None:
             return conn
         with self._conns_lock:
+            if self._closed:  # close() ran in another thread meanwhile
+                raise JournalUnavailable(
+                    f"the journal {self._path} was closed by this process; open it again"
+                )
             # Heartbeat threads come and go: close the connections of finished ones.
             alive = []
             for thread, old in self._conns:
                 if thread.is_alive():
                     alive.append((thread, old))
-                else:
+                    continue
+                try:
                     old.close()
+                except sqlite3.Error:
+                    pass  # a finished thread's connection; nothing depends on it
             self._conns = alive
             conn = sqlite3.connect(
                 str(self._path),
