@@ -1,0 +1,893 @@
+"""PostgreSQL target connector: rows (by COPY) and a fence row committed in one transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from decimal import Decimal
+from itertools import chain
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from dpone.adapters._pg import describe, pg_locator, translate
+from dpone.contracts.fence import (
+    FenceCapability,
+    FenceObservation,
+    FenceStatus,
+    SealOutcome,
+    SealResult,
+)
+from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
+from dpone.errors import (
+    ConfigInvalid,
+    DponeError,
+    FencedOut,
+    FenceUnavailable,
+    IntentConflict,
+    TargetSchemaMismatch,
+    TargetWriteFailed,
+)
+from dpone.ports.connector import Rows, WithinTransaction
+
+__all__ = ["FENCE_TABLE", "PostgresConnector"]
+
+_T = TypeVar("_T")
+
+FENCE_TABLE = "dpone_fence"
+_DEFAULT_SCHEMA = "public"
+_MAX_IDENTIFIER = 63  # NAMEDATALEN - 1: longer names are silently truncated by the server
+
+_SQL_TYPES: dict[ColumnType, str] = {
+    ColumnType.INTEGER: "bigint",
+    ColumnType.REAL: "double precision",
+    ColumnType.TEXT: "text",
+    ColumnType.BOOLEAN: "boolean",
+    ColumnType.TIMESTAMP: "timestamptz",
+}
+
+# The merge staging table's arrival order column. "$" cannot appear in a plan column
+# (is_identifier), so it never collides with one.
+_SEQ = "dpone$seq"
+_STAGE = "dpone_merge_stage"
+
+# COPY text format: these four characters are the only ones that need a backslash escape.
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_SPECIAL_RE = re.compile(r"[\\\t\n\r]")
+
+# Constant advisory-lock keys (64-bit, signed) serialize the creation of the fence table
+# and of a target table: CREATE ... IF NOT EXISTS alone races into a unique violation on
+# the catalog when two sessions run it at once.
+_LOCK_NAMESPACE = "dpone.connector.postgres"
+
+
+def _advisory_key(*parts: str) -> int:
+    digest = hashlib.sha256("\x1f".join((_LOCK_NAMESPACE, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _fold(name: str) -> str:
+    # PostgreSQL folds unquoted names to lower case; dpone always quotes, so it folds
+    # first: "Orders" in a workload names the table psql users know as orders.
+    return name.lower()
+
+
+def _check_identifier(name: str, *, field: str, what: str) -> str:
+    if not isinstance(name, str) or not is_identifier(name):
+        raise ConfigInvalid(
+            f"{what} is not a plain identifier",
+            field=field,
+            hint="use [A-Za-z_][A-Za-z0-9_]*",
+        )
+    if len(name) > _MAX_IDENTIFIER:
+        raise ConfigInvalid(
+            f"{what} is longer than PostgreSQL's {_MAX_IDENTIFIER} characters",
+            field=field,
+            hint="shorten the name: the server would truncate it and could name another object",
+        )
+    return _fold(name)
+
+
+def _reserved_schema(schema: str) -> bool:
+    return schema == "information_schema" or schema.startswith("pg_")
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    schema: str
+    name: str
+
+    @property
+    def ident(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+    @property
+    def normalized(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def _parse_table(table: str, *, fence_schema: str) -> _Table:
+    parts = table.split(".") if isinstance(table, str) else []
+    if not parts or len(parts) > 2:
+        raise ConfigInvalid(
+            "the target table name is not a plain identifier",
+            field="table",
+            hint="use [A-Za-z_][A-Za-z0-9_]* or schema.table, e.g. analytics.orders",
+        )
+    names = [_check_identifier(p, field="table", what="the target table name") for p in parts]
+    schema, name = (_DEFAULT_SCHEMA, names[0]) if len(names) == 1 else (names[0], names[1])
+    if _reserved_schema(schema):
+        raise ConfigInvalid(
+            "the target table cannot live in a system schema (pg_* or information_schema)",
+            field="table",
+        )
+    if schema == fence_schema and name == FENCE_TABLE:
+        raise ConfigInvalid("the target table is dpone's fence table", field="table")
+    return _Table(schema=schema, name=name)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A validated plan with every identifier folded."""
+
+    table: _Table
+    columns: tuple[str, ...]
+    types: tuple[ColumnType, ...]
+    key: tuple[str, ...]
+    interval_column: str | None
+
+
+def _validate_plan(plan: LoadPlan, *, fence_schema: str) -> _Plan:
+    table = _parse_table(plan.table, fence_schema=fence_schema)
+    if not plan.columns:
+        raise ConfigInvalid("the load plan has no columns", field="columns")
+    names: list[str] = []
+    for index, column in enumerate(plan.columns, start=1):
+        name = _check_identifier(column.name, field="columns", what=f"column #{index}'s name")
+        if name in names:
+            raise ConfigInvalid(f"column {column.name!r} appears twice", field="columns")
+        names.append(name)
+    key: tuple[str, ...] = ()
+    if plan.strategy is LoadStrategy.MERGE:
+        if not plan.key:
+            raise ConfigInvalid("merge needs a key", field="key", hint="set key: [id]")
+        key = tuple(_fold(k) if isinstance(k, str) else "" for k in plan.key)
+        missing = [k for k, folded in zip(plan.key, key, strict=True) if folded not in names]
+        if missing:
+            raise ConfigInvalid(
+                f"merge key column(s) {', '.join(map(repr, missing))} are not among the columns",
+                field="key",
+            )
+        if len(set(key)) != len(key):
+            raise ConfigInvalid("the merge key names a column twice", field="key")
+    interval_column: str | None = None
+    if plan.strategy is LoadStrategy.REPLACE_INTERVAL:
+        if plan.interval is None:
+            raise ConfigInvalid("replace_interval needs an interval", field="interval")
+        folded = _fold(plan.interval_column) if isinstance(plan.interval_column, str) else None
+        if folded is None or folded not in names:
+            raise ConfigInvalid(
+                "replace_interval needs an interval_column that is one of the columns",
+                field="interval_column",
+            )
+        interval_column = folded
+    return _Plan(
+        table=table,
+        columns=tuple(names),
+        types=tuple(c.type for c in plan.columns),
+        key=key,
+        interval_column=interval_column,
+    )
+
+
+# ----------------------------------------------------------------- COPY text encoding
+
+
+def _field(value: object) -> str:
+    """One value in COPY text format; '' is NULL (the COPY runs with NULL '')."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.translate(_ESCAPES) if _SPECIAL_RE.search(value) else value
+    if isinstance(value, bool):  # before int: bool is an int
+        return "t" if value else "f"
+    if isinstance(value, int | Decimal):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)  # shortest exact form; 'inf' and 'nan' parse as float8
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def _encode_slow(batch: Sequence[Sequence[object]]) -> str:
+    return "".join(["\t".join(map(_field, row)) + "\n" for row in batch])
+
+
+def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id: str) -> bytes:
+    """Encode one batch as COPY text lines; no Python work per value when it can be avoided.
+
+    Rows of strings (a CSV source) are joined in C. The join cannot tell a tab or newline
+    inside a value from a separator, so the separators are counted: when the counts are
+    exact and no backslash or CR appears, no value needed escaping. Otherwise (other
+    types, special characters) each value goes through ``_field``.
+    """
+    size = len(batch)
+    if set(map(len, batch)) != {width}:
+        # A short row would shift values across columns: refuse before writing anything.
+        raise TargetWriteFailed(
+            f"a row does not have the plan's {width} values; nothing was written",
+            operation_id=operation_id,
+        )
+    try:
+        text = "\n".join(chain(map("\t".join, batch), ("",)))  # type: ignore[arg-type]
+        if (
+            text.count("\t") != size * (width - 1)
+            or text.count("\n") != size
+            or "\\" in text
+            or "\r" in text
+        ):
+            text = _encode_slow(batch)
+    except TypeError:
+        try:
+            text = _encode_slow(batch)
+        except (TypeError, ValueError) as exc:
+            raise TargetWriteFailed(
+                f"a value of type {exc} cannot be written to PostgreSQL; nothing was written"
+                if isinstance(exc, TypeError)
+                else "a value cannot be written to PostgreSQL; nothing was written",
+                operation_id=operation_id,
+                hint="give the column a string, number, boolean or timestamp",
+            ) from None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TargetWriteFailed(
+            "a text value is not valid Unicode (a lone surrogate); nothing was written",
+            operation_id=operation_id,
+        ) from None
+
+
+# ----------------------------------------------------------------- fence rows
+
+_FenceRow = tuple[str, int, str | None, int | None, str | None]
+
+
+def _observation(row: _FenceRow | None) -> FenceObservation:
+    if row is None:
+        return FenceObservation(status=FenceStatus.ABSENT)
+    state, epoch, intent, row_count, content_digest = row
+    return FenceObservation(
+        status=FenceStatus.COMMITTED if state == "committed" else FenceStatus.PREPARED,
+        epoch=epoch,
+        intent_digest=intent,
+        row_count=row_count,
+        content_digest=content_digest,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    """The fence statements of one connector, composed once with its quoted schema."""
+
+    fence_exists: sql.Composed
+    create_fence: sql.Composed
+    select: sql.Composed
+    lock: sql.Composed
+    prepare: sql.Composed
+    seal: sql.Composed
+    commit: sql.Composed
+
+    @classmethod
+    def build(cls, schema: str) -> _Statements:
+        fence = sql.Identifier(schema, FENCE_TABLE)
+        columns = sql.SQL("state, epoch, intent_digest, row_count, content_digest")
+        return cls(
+            fence_exists=sql.SQL(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = {schema}), "
+                "to_regclass({qualified}) IS NOT NULL"
+            ).format(
+                schema=sql.Literal(schema),
+                qualified=sql.Literal(fence.as_string(None)),
+            ),
+            create_fence=sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {fence} ("
+                "operation_id text PRIMARY KEY, "
+                "intent_digest text, "
+                "epoch bigint NOT NULL, "
+                "state text NOT NULL CHECK (state IN ('prepared', 'committed')), "
+                "row_count bigint, "
+                "content_digest text, "
+                "committed_at timestamptz)"
+            ).format(fence=fence),
+            select=sql.SQL("SELECT {columns} FROM {fence} WHERE operation_id = %s").format(
+                columns=columns, fence=fence
+            ),
+            lock=sql.SQL("SELECT {columns} FROM {fence} WHERE operation_id = %s FOR UPDATE").format(
+                columns=columns, fence=fence
+            ),
+            # ON CONFLICT DO UPDATE locks the existing row before it evaluates WHERE, so
+            # both statements wait (up to lock_timeout) for a transaction holding the row,
+            # then judge its committed version. No row returned: the WHERE refused it.
+            prepare=sql.SQL(
+                "INSERT INTO {fence} AS f (operation_id, intent_digest, epoch, state) "
+                "VALUES (%s, %s, %s, 'prepared') "
+                "ON CONFLICT (operation_id) DO UPDATE "
+                "SET epoch = EXCLUDED.epoch, intent_digest = EXCLUDED.intent_digest "
+                "WHERE f.state = 'prepared' AND f.epoch <= EXCLUDED.epoch "
+                "RETURNING f.epoch"
+            ).format(fence=fence),
+            seal=sql.SQL(
+                "INSERT INTO {fence} AS f (operation_id, intent_digest, epoch, state) "
+                "VALUES (%s, NULL, %s, 'prepared') "
+                "ON CONFLICT (operation_id) DO UPDATE SET epoch = EXCLUDED.epoch "
+                "WHERE f.state = 'prepared' AND f.epoch < EXCLUDED.epoch "
+                "RETURNING f.intent_digest"
+            ).format(fence=fence),
+            commit=sql.SQL(
+                "UPDATE {fence} SET state = 'committed', row_count = %s, content_digest = %s, "
+                "committed_at = now() "
+                "WHERE operation_id = %s AND epoch = %s AND state = 'prepared'"
+            ).format(fence=fence),
+        )
+
+
+# ----------------------------------------------------------------- target table
+
+_TABLE_INFO = (
+    "SELECT c.oid, c.relkind::text, "
+    "array(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid "
+    "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) "
+    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %s AND c.relname = %s"
+)
+_SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)"
+# Key columns of every unique index ON CONFLICT can infer: valid, immediate, not partial,
+# no expressions (INCLUDE columns are not key columns).
+_UNIQUE_KEYS = (
+    "SELECT array(SELECT a.attname::text FROM unnest(i.indkey[0:i.indnkeyatts - 1]) k(n) "
+    "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n) "
+    "FROM pg_index i WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid "
+    "AND i.indimmediate AND i.indpred IS NULL AND i.indexprs IS NULL"
+)
+_WRITABLE_KINDS = frozenset({"r", "p"})  # ordinary and partitioned tables
+
+
+@dataclass(frozen=True, slots=True)
+class _TableInfo:
+    oid: int
+    kind: str
+    columns: frozenset[str]
+
+
+def _table_info(cur: psycopg.Cursor[Any], table: _Table) -> _TableInfo | None:
+    row = cur.execute(_TABLE_INFO, (table.schema, table.name)).fetchone()
+    if row is None:
+        return None
+    return _TableInfo(oid=int(row[0]), kind=str(row[1]), columns=frozenset(row[2]))
+
+
+def _check_table(cur: psycopg.Cursor[Any], info: _TableInfo, plan: _Plan, raw: str) -> None:
+    """Refuse a relation that cannot take the plan's rows: not a table, missing columns/key."""
+    if info.kind not in _WRITABLE_KINDS:
+        raise TargetSchemaMismatch(
+            f"{raw!r} exists but is not a table (a view, sequence or other relation)",
+            hint="point the workload at a table",
+        )
+    missing = [c for c in plan.columns if c not in info.columns]
+    if missing:
+        raise TargetSchemaMismatch(
+            f"table {raw!r} has no column(s) {', '.join(map(repr, missing))} that the load writes",
+            hint=f"add the column(s) to {plan.table.normalized} or drop them from the "
+            "workload's columns",
+        )
+    if plan.key:
+        want = frozenset(plan.key)
+        keys = [frozenset(r[0]) for r in cur.execute(_UNIQUE_KEYS, (info.oid,))]
+        if want not in keys:
+            # No index is built here: on a large table CREATE UNIQUE INDEX would block
+            # writers for the whole build, inside the fenced transaction.
+            raise TargetSchemaMismatch(
+                f"table {raw!r} has no unique index or constraint on exactly the merge key "
+                f"({', '.join(plan.key)}), which INSERT ... ON CONFLICT needs",
+                hint=f"CREATE UNIQUE INDEX ON {plan.table.normalized} ({', '.join(plan.key)})",
+            )
+
+
+def _require_schema(cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> None:
+    row = cur.execute(_SCHEMA_EXISTS, (plan.table.schema,)).fetchone()
+    if not (row and row[0]):
+        raise ConfigInvalid(
+            f"the schema of table {raw!r} does not exist in the target database",
+            field="table",
+            hint=f"CREATE SCHEMA {plan.table.schema}, or name a table in an existing schema",
+        )
+
+
+def _create_table(plan: _Plan) -> sql.Composed:
+    key = set(plan.key)
+    parts: list[sql.Composable] = [
+        sql.SQL("{} {}{}").format(
+            sql.Identifier(name),
+            sql.SQL(_SQL_TYPES[kind]),
+            sql.SQL(" NOT NULL" if name in key else ""),
+        )
+        for name, kind in zip(plan.columns, plan.types, strict=True)
+    ]
+    if plan.key:
+        parts.append(
+            sql.SQL("UNIQUE ({})").format(sql.SQL(", ").join(map(sql.Identifier, plan.key)))
+        )
+    return sql.SQL("CREATE TABLE {} ({})").format(plan.table.ident, sql.SQL(", ").join(parts))
+
+
+def _column_list(names: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(map(sql.Identifier, names))
+
+
+def _copy_statement(target: sql.Composable, plan: _Plan) -> sql.Composed:
+    # NULL '': an empty field is NULL, so '' from a CSV and None both load as NULL and
+    # no per-value substitution is needed on the client.
+    return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT text, NULL '')").format(
+        target, _column_list(plan.columns)
+    )
+
+
+def _merge_statements(plan: _Plan) -> tuple[sql.Composed, sql.Composed]:
+    """Return (create the staging table, upsert it into the target)."""
+    stage = sql.Identifier(_STAGE)
+    columns = _column_list(plan.columns)
+    key = _column_list(plan.key)
+    create = sql.SQL(
+        # Only the plan's columns, with the target's own types; ON COMMIT DROP (and a
+        # rollback) remove it. The identity column records arrival order.
+        "CREATE TEMP TABLE {stage} ON COMMIT DROP AS SELECT {columns} FROM {target} "
+        "WITH NO DATA; "
+        "ALTER TABLE {stage} ADD COLUMN {seq} bigint GENERATED ALWAYS AS IDENTITY"
+    ).format(stage=stage, columns=columns, target=plan.table.ident, seq=sql.Identifier(_SEQ))
+    updates = [
+        sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+        for c in plan.columns
+        if c not in plan.key
+    ]
+    action = (
+        sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(updates))
+        if updates
+        else sql.SQL("DO NOTHING")
+    )
+    # A key repeated inside one load: the last row wins (as in the SQLite connector),
+    # decided by arrival order, because ON CONFLICT refuses to touch a row twice.
+    upsert = sql.SQL(
+        "INSERT INTO {target} ({columns}) "
+        "SELECT DISTINCT ON ({key}) {columns} FROM {stage} ORDER BY {key}, {seq} DESC "
+        "ON CONFLICT ({key}) {action}"
+    ).format(
+        target=plan.table.ident,
+        columns=columns,
+        key=key,
+        stage=stage,
+        seq=sql.Identifier(_SEQ),
+        action=action,
+    )
+    return create, upsert
+
+
+# ----------------------------------------------------------------- error translation
+
+_SCHEMA_STATES = frozenset({"42P01", "42703", "42P10", "42804", "42846", "42883"})
+
+
+def _translate(
+    exc: BaseException, *, action: str, lock_timeout_s: float, operation_id: str | None
+) -> DponeError:
+    """Map a driver error to the DponeError the port promises (the one place that does it)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    if state == "3F000":
+        return ConfigInvalid(
+            f"{action}: a schema the target table needs does not exist ({describe(exc)})",
+            field="table",
+            hint="create the schema or name a table in an existing schema",
+        )
+    if state in _SCHEMA_STATES:
+        return TargetSchemaMismatch(
+            f"{action}: the target table does not match what the load writes ({describe(exc)})",
+            operation_id=operation_id,
+            hint="align the workload's columns, types and merge key with the target table",
+        )
+    if state == "42501":
+        return TargetWriteFailed(
+            f"{action}: permission denied on the PostgreSQL target ({describe(exc)})",
+            operation_id=operation_id,
+            hint="grant the role USAGE/CREATE on the schemas and INSERT/UPDATE/DELETE on the "
+            "tables dpone writes (including the fence table)",
+        )
+    error = translate(
+        exc,
+        action=action,
+        unavailable=FenceUnavailable,
+        rejected=TargetWriteFailed,
+        operation_id=operation_id,
+        lock_timeout_s=lock_timeout_s,
+        subject="the PostgreSQL target",
+    )
+    if isinstance(error, TargetWriteFailed) and state[:2] in {"22", "23"}:
+        return TargetWriteFailed(
+            f"{action}: the PostgreSQL target rejected a row ({describe(exc)}); "
+            "the transaction was rolled back",
+            operation_id=operation_id,
+            hint="fix the source rows or the target table's types and constraints, then run again",
+        )
+    return error
+
+
+# ----------------------------------------------------------------- connector
+
+
+class PostgresConnector:
+    """Target connector for one PostgreSQL table with a ``transactional_marker`` fence.
+
+    The fence lives in ``<fence_schema>.dpone_fence``. ``prepare`` and ``seal`` are
+    locking writes on the fence row and ``mutate`` holds that row's lock (``FOR UPDATE``)
+    for its whole transaction, so a seal waits for a writer still in flight, up to
+    ``lock_timeout_s``, and then raises ``FenceUnavailable`` rather than guess.
+
+    One connection is kept per connector and reused (a connection costs more than a
+    small operation); calls from several threads take turns on it. Identifiers are
+    folded to lower case, as PostgreSQL does for unquoted names, and always quoted.
+
+    Args:
+        dsn: libpq URL or key/value string; it never appears in messages or identities.
+        table: ``name`` or ``schema.name`` (schema ``public`` by default); plans must name
+            the same table.
+        fence_schema: the schema holding the fence table; created if absent.
+        lock_timeout_s: the longest wait for a lock (fence row, table, catalog).
+        connect_timeout_s: the longest wait to connect (libpq rounds it up to whole seconds).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str,
+        fence_schema: str = "dpone",
+        lock_timeout_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn:
+            raise ConfigInvalid("the PostgreSQL target needs a URL", field="dsn")
+        if not lock_timeout_s > 0:
+            raise ConfigInvalid("lock_timeout_s must be positive", field="lock_timeout_s")
+        if not connect_timeout_s > 0:
+            raise ConfigInvalid("connect_timeout_s must be positive", field="connect_timeout_s")
+        self._locator = pg_locator(dsn)  # ConfigInvalid, without the DSN, if it cannot parse
+        self._has_application_name = "application_name" in conninfo_to_dict(dsn)
+        self._dsn = dsn
+        self._fence_schema = _check_identifier(
+            fence_schema, field="fence_schema", what="the fence schema"
+        )
+        if _reserved_schema(self._fence_schema):
+            raise ConfigInvalid("the fence schema cannot be a system schema", field="fence_schema")
+        self._table = _parse_table(table, fence_schema=self._fence_schema)
+        self._lock_timeout_s = float(lock_timeout_s)
+        self._connect_timeout_s = float(connect_timeout_s)
+        self._sql = _Statements.build(self._fence_schema)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._fence_ready = False
+        self._lock = threading.RLock()  # re-entrant: within() may call back into observe
+
+    @property
+    def kind(self) -> str:
+        """Connector name."""
+        return "postgres"
+
+    @property
+    def capability(self) -> FenceCapability:
+        """A fence row in the same transaction as the data."""
+        return FenceCapability.TRANSACTIONAL_MARKER
+
+    @property
+    def table(self) -> str:
+        """The target table as ``schema.name`` (folded)."""
+        return self._table.normalized
+
+    @property
+    def fence_schema(self) -> str:
+        """The schema holding ``dpone_fence``."""
+        return self._fence_schema
+
+    def target_identity(self) -> str:
+        """Return ``postgresql://<host>:<port>/<db>#<schema>.<table>``: no credentials."""
+        return f"{self._locator}#{self._table.normalized}"
+
+    def database_locator(self) -> str:
+        """Return ``postgresql://<host>:<port>/<db>``, the key atomic mode matches."""
+        return self._locator
+
+    # ----------------------------------------------------------------- connection
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        extra: dict[str, Any] = {}
+        if not self._has_application_name:
+            extra["application_name"] = "dpone"  # lets an operator find a stuck writer
+        conn = psycopg.connect(
+            self._dsn,
+            autocommit=True,
+            connect_timeout=max(1, math.ceil(self._connect_timeout_s)),
+            client_encoding="utf8",  # _encode_batch sends UTF-8 bytes
+            **extra,
+        )
+        try:
+            # READ COMMITTED explicitly: FOR UPDATE then sees the version a waited-for
+            # writer committed (stricter levels would fail with a serialization error).
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            # UTC: a timestamp without zone in the rows means UTC, as on SQLite.
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false), "
+                "set_config('TimeZone', 'UTC', false)",
+                (f"{max(1, round(self._lock_timeout_s * 1000))}ms",),
+            )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextmanager
+    def _session(
+        self, *, action: str, operation_id: str | None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """Yield the connection under the connector's lock; translate driver errors."""
+        with self._lock:
+            conn = self._conn
+            try:
+                if conn is None or conn.closed:
+                    conn = self._conn = self._connect()
+                yield conn
+            except psycopg.Error as exc:
+                self._discard_if_unusable()
+                raise _translate(
+                    exc,
+                    action=action,
+                    lock_timeout_s=self._lock_timeout_s,
+                    operation_id=operation_id,
+                ) from exc
+            except BaseException:
+                self._discard_if_unusable()
+                raise
+
+    def _discard_if_unusable(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        status = conn.info.transaction_status
+        if conn.closed or conn.broken or status is not psycopg.pq.TransactionStatus.IDLE:
+            self._conn = None
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    def _ensure_fence(self, conn: psycopg.Connection[Any]) -> None:
+        if self._fence_ready:
+            return
+        row = conn.execute(self._sql.fence_exists).fetchone()
+        schema_exists, table_exists = bool(row and row[0]), bool(row and row[1])
+        if not table_exists:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_advisory_key("fence"),))
+                # CREATE SCHEMA needs the database's CREATE privilege even when the schema
+                # exists, so an existing schema is not created again.
+                if not schema_exists:
+                    conn.execute(
+                        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                            sql.Identifier(self._fence_schema)
+                        )
+                    )
+                conn.execute(self._sql.create_fence)
+        self._fence_ready = True
+
+    def _read_fence(self, conn: psycopg.Connection[Any], operation_id: str) -> _FenceRow | None:
+        row: _FenceRow | None = conn.execute(self._sql.select, (operation_id,)).fetchone()
+        return row
+
+    # ----------------------------------------------------------------- port
+
+    def _plan(self, plan: LoadPlan) -> _Plan:
+        checked = _validate_plan(plan, fence_schema=self._fence_schema)
+        if checked.table != self._table:
+            raise ConfigInvalid(
+                "the plan's table is not the table this connector was configured for",
+                field="table",
+            )
+        return checked
+
+    def check_plan(self, plan: LoadPlan) -> None:
+        """Check, read-only, that the table (if it exists) has every column and the merge key."""
+        checked = self._plan(plan)
+        with self._session(action="check_plan", operation_id=None) as conn, conn.cursor() as cur:
+            info = _table_info(cur, checked.table)
+            if info is None:
+                _require_schema(cur, checked, plan.table)
+            else:
+                _check_table(cur, info, checked, plan.table)
+
+    def prepare(self, *, operation_id: str, intent_digest: str, epoch: int) -> FenceObservation:
+        """Install the fence or raise its epoch; never lower it, never touch a committed row."""
+        with self._session(action="prepare", operation_id=operation_id) as conn:
+            self._ensure_fence(conn)
+            # One autocommit statement: a durable, locking upsert in a single round trip.
+            row = conn.execute(self._sql.prepare, (operation_id, intent_digest, epoch)).fetchone()
+            if row is not None:
+                return FenceObservation(
+                    status=FenceStatus.PREPARED, epoch=int(row[0]), intent_digest=intent_digest
+                )
+            current = _observation(self._read_fence(conn, operation_id))
+        if current.status is FenceStatus.COMMITTED:
+            return current
+        raise FencedOut(
+            f"the fence is prepared at epoch {current.epoch}, above this executor's epoch "
+            f"{epoch}: its lease is stale",
+            operation_id=operation_id,
+        )
+
+    def observe(self, *, operation_id: str) -> FenceObservation:
+        """Read the fence without writing (a missing fence table reads as ABSENT)."""
+        with self._session(action="observe", operation_id=operation_id) as conn:
+            if not self._fence_ready:
+                row = conn.execute(self._sql.fence_exists).fetchone()
+                if not (row and row[1]):
+                    return FenceObservation(status=FenceStatus.ABSENT)
+            return _observation(self._read_fence(conn, operation_id))
+
+    def seal(self, *, operation_id: str, epoch: int) -> SealResult:
+        """Raise the fence to ``epoch`` with a row lock, proving a non-commit, or report why not."""
+        with self._session(action="seal", operation_id=operation_id) as conn:
+            self._ensure_fence(conn)
+            row = conn.execute(self._sql.seal, (operation_id, epoch)).fetchone()
+            if row is not None:
+                return SealResult(
+                    outcome=SealOutcome.NOT_COMMITTED,
+                    observation=FenceObservation(
+                        status=FenceStatus.PREPARED, epoch=epoch, intent_digest=row[0]
+                    ),
+                )
+            # The upsert waited for any holder of the row, then refused to change it:
+            # committed is terminal and epochs only rise, so this read is the answer.
+            current = _observation(self._read_fence(conn, operation_id))
+        if current.status is FenceStatus.COMMITTED:
+            return SealResult(outcome=SealOutcome.COMMITTED, observation=current)
+        return SealResult(outcome=SealOutcome.FENCED, observation=current)
+
+    def mutate(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        epoch: int,
+        plan: LoadPlan,
+        batches: Rows,
+        content_digest: str,
+        within: WithinTransaction | None = None,
+    ) -> MutationReport:
+        """Write the rows and mark the fence committed in one transaction, or nothing."""
+        checked = self._plan(plan)
+        with self._session(action="mutate", operation_id=operation_id) as conn:
+            self._ensure_fence(conn)
+            with conn.transaction(), conn.cursor() as cur:
+                current = _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
+                if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
+                    at = f" at epoch {current.epoch}" if current.epoch is not None else ""
+                    raise FencedOut(
+                        f"the fence is {current.status.value}{at}, not prepared at this "
+                        f"executor's epoch {epoch}; nothing was written",
+                        operation_id=operation_id,
+                    )
+                if current.intent_digest not in (None, intent_digest):
+                    raise IntentConflict(
+                        "the fence was prepared for another intent digest; nothing was written",
+                        operation_id=operation_id,
+                    )
+                self._prepare_table(cur, checked, plan.table)
+                count = self._load(cur, checked, plan, batches, operation_id=operation_id)
+                cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
+                if cur.rowcount != 1:  # impossible under the row lock; refuse, never guess
+                    raise FencedOut(
+                        "the fence moved during the write; nothing was written",
+                        operation_id=operation_id,
+                    )
+                if within is not None:
+                    within(conn)
+        return MutationReport(row_count=count, content_digest=content_digest)
+
+    def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> None:
+        info = _table_info(cur, plan.table)
+        if info is None:
+            _require_schema(cur, plan, raw)
+            # Serialize first loads of one table; the loser then sees the winner's table.
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(%s)", (_advisory_key("table", plan.table.normalized),)
+            )
+            info = _table_info(cur, plan.table)
+            if info is None:
+                cur.execute(_create_table(plan))
+                return
+        _check_table(cur, info, plan, raw)
+
+    def _load(
+        self,
+        cur: psycopg.Cursor[Any],
+        plan: _Plan,
+        raw_plan: LoadPlan,
+        batches: Rows,
+        *,
+        operation_id: str,
+    ) -> int:
+        target: sql.Composable = plan.table.ident
+        upsert: sql.Composed | None = None
+        strategy = raw_plan.strategy
+        if strategy is LoadStrategy.REPLACE:
+            # DELETE, not TRUNCATE: TRUNCATE takes an ACCESS EXCLUSIVE lock (readers block
+            # for the whole load) and is not MVCC-safe (a concurrent snapshot would see the
+            # table empty). DELETE lets readers see the old rows until this commit.
+            cur.execute(sql.SQL("DELETE FROM {}").format(target))
+        elif strategy is LoadStrategy.REPLACE_INTERVAL:
+            interval = raw_plan.interval
+            if interval is None or plan.interval_column is None:  # _validate_plan refused
+                raise ConfigInvalid("replace_interval needs an interval", field="interval")
+            column = sql.Identifier(plan.interval_column)
+            # Compared as timestamptz: a no-op (index usable) on timestamptz columns; a
+            # timestamp or text column is read in the session's UTC.
+            cur.execute(
+                sql.SQL(
+                    "DELETE FROM {t} WHERE {c}::timestamptz >= %s AND {c}::timestamptz < %s"
+                ).format(t=target, c=column),
+                (interval.start, interval.end),
+            )
+        elif strategy is LoadStrategy.MERGE:
+            create, upsert = _merge_statements(plan)
+            cur.execute(create)
+            target = sql.Identifier(_STAGE)
+        count = self._copy(cur, _copy_statement(target, plan), plan, batches, operation_id)
+        if upsert is not None:
+            cur.execute(upsert)
+        return count
+
+    def _copy(
+        self,
+        cur: psycopg.Cursor[Any],
+        statement: sql.Composed,
+        plan: _Plan,
+        batches: Rows,
+        operation_id: str,
+    ) -> int:
+        """Stream every batch through one COPY, opened at the first row; return the row count."""
+        width = len(plan.columns)
+        count = 0
+        with ExitStack() as stack:
+            write: Callable[[bytes], None] | None = None
+            for batch in batches:
+                if not batch:
+                    continue
+                data = _encode_batch(batch, width, operation_id=operation_id)
+                if write is None:
+                    write = stack.enter_context(cur.copy(statement)).write
+                write(data)
+                count += len(batch)
+        return count
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass

@@ -1,0 +1,64 @@
+"""The fence conformance suite against PostgresConnector, one schema per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from dpone.adapters.connectors.postgres import PostgresConnector
+from dpone.ports.connector import TargetConnectorPort
+from dpone.testing.fence_conformance import FenceConformance
+
+
+def _pg(connector: TargetConnectorPort) -> PostgresConnector:
+    return cast(PostgresConnector, connector)
+
+
+class TestPostgresFence(FenceConformance):
+    @pytest.fixture
+    def connector(self, pg_available: str, pg_schema: str) -> Iterator[TargetConnectorPort]:
+        # Table and fence both live in the test's own schema (dropped afterwards).
+        self.table = f"{pg_schema}.items"
+        self.dsn = pg_available
+        connector = PostgresConnector(pg_available, table=self.table, fence_schema=pg_schema)
+        yield connector
+        connector.close()
+
+    def _query(self, statement: sql.Composable) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return conn.execute(statement).fetchall()
+
+    def count_rows(self, connector: TargetConnectorPort, table: str) -> int:
+        schema, name = table.split(".")
+        exists = self._query(
+            sql.SQL("SELECT to_regclass({})").format(
+                sql.Literal(sql.Identifier(schema, name).as_string(None))
+            )
+        )
+        if exists[0][0] is None:
+            return 0
+        counted = self._query(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, name))
+        )
+        return int(counted[0][0])
+
+    def fetch_rows(self, connector: TargetConnectorPort, table: str) -> list[tuple[Any, Any]]:
+        schema, name = table.split(".")
+        rows = self._query(
+            sql.SQL("SELECT id, v FROM {} ORDER BY id, v").format(sql.Identifier(schema, name))
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    def peer_connector(
+        self, connector: TargetConnectorPort, *, lock_timeout_s: float
+    ) -> TargetConnectorPort:
+        return PostgresConnector(
+            self.dsn,
+            table=self.table,
+            fence_schema=_pg(connector).fence_schema,
+            lock_timeout_s=lock_timeout_s,
+        )
