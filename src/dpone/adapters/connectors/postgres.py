@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
 from itertools import chain
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import psycopg
@@ -208,8 +209,37 @@ def _field(value: object) -> str:
     raise TypeError(type(value).__name__)
 
 
-def _encode_slow(batch: Sequence[Sequence[object]]) -> str:
-    return "".join(["\t".join(map(_field, row)) + "\n" for row in batch])
+_NONE_TYPE = type(None)
+_NUMBER_TYPES = frozenset({int, float, Decimal})  # str() is their COPY text (bool excluded)
+_MOMENT_TYPES = frozenset({datetime, date, time})
+
+
+def _column_text(values: Sequence[Any]) -> Sequence[str]:
+    """Encode one column: a single C-level conversion when its values share one type."""
+    kinds = set(map(type, values))
+    nulls = _NONE_TYPE in kinds
+    kinds.discard(_NONE_TYPE)
+    if not kinds:
+        return [""] * len(values)
+    if kinds == {str}:
+        strings: Sequence[str] = ["" if v is None else v for v in values] if nulls else values
+        if _SPECIAL_RE.search("".join(strings)):
+            return [v.translate(_ESCAPES) for v in strings]
+        return strings
+    if kinds <= _NUMBER_TYPES:
+        return ["" if v is None else str(v) for v in values] if nulls else list(map(str, values))
+    if kinds == {bool}:
+        return ["" if v is None else ("t" if v else "f") for v in values]
+    if kinds <= _MOMENT_TYPES:
+        return ["" if v is None else v.isoformat() for v in values]
+    return list(map(_field, values))  # mixed or subclassed values: one by one
+
+
+def _encode_columns(batch: Sequence[Sequence[object]]) -> str:
+    # itemgetter per column, not zip(*batch): a zip over thousands of row iterators
+    # allocates one tracked object per row and wakes the garbage collector.
+    columns = [_column_text(list(map(itemgetter(i), batch))) for i in range(len(batch[0]))]
+    return "\n".join(chain(map("\t".join, zip(*columns, strict=True)), ("",)))
 
 
 def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id: str) -> bytes:
@@ -218,7 +248,7 @@ def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id
     Rows of strings (a CSV source) are joined in C. The join cannot tell a tab or newline
     inside a value from a separator, so the separators are counted: when the counts are
     exact and no backslash or CR appears, no value needed escaping. Otherwise (other
-    types, special characters) each value goes through ``_field``.
+    types, special characters) the batch is encoded column by column.
     """
     size = len(batch)
     if set(map(len, batch)) != {width}:
@@ -235,10 +265,10 @@ def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id
             or "\\" in text
             or "\r" in text
         ):
-            text = _encode_slow(batch)
+            text = _encode_columns(batch)
     except TypeError:
         try:
-            text = _encode_slow(batch)
+            text = _encode_columns(batch)
         except (TypeError, ValueError) as exc:
             raise TargetWriteFailed(
                 f"a value of type {exc} cannot be written to PostgreSQL; nothing was written"
@@ -775,13 +805,25 @@ class PostgresConnector:
         batches: Rows,
         content_digest: str,
         within: WithinTransaction | None = None,
+        prepare: bool = False,
     ) -> MutationReport:
-        """Write the rows and mark the fence committed in one transaction, or nothing."""
+        """Write the rows and mark the fence committed in one transaction, or nothing.
+
+        With ``prepare`` the fence is first installed or raised to ``epoch`` by the same
+        locking upsert as ``prepare``, inside this transaction: the row lock it takes is
+        held to the commit, exactly like ``FOR UPDATE``.
+        """
         checked = self._plan(plan)
         with self._session(action="mutate", operation_id=operation_id) as conn:
             self._ensure_fence(conn)
             with conn.transaction(), conn.cursor() as cur:
-                current = _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
+                current = self._lock_fence(
+                    cur,
+                    operation_id=operation_id,
+                    intent_digest=intent_digest,
+                    epoch=epoch,
+                    prepare=prepare,
+                )
                 if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
                     at = f" at epoch {current.epoch}" if current.epoch is not None else ""
                     raise FencedOut(
@@ -805,6 +847,26 @@ class PostgresConnector:
                 if within is not None:
                     within(conn)
         return MutationReport(row_count=count, content_digest=content_digest)
+
+    def _lock_fence(
+        self,
+        cur: psycopg.Cursor[Any],
+        *,
+        operation_id: str,
+        intent_digest: str,
+        epoch: int,
+        prepare: bool,
+    ) -> FenceObservation:
+        """Lock the fence row for this transaction (raising it first with ``prepare``)."""
+        if prepare:
+            raised = cur.execute(self._sql.prepare, (operation_id, intent_digest, epoch)).fetchone()
+            if raised is not None:
+                return FenceObservation(
+                    status=FenceStatus.PREPARED, epoch=epoch, intent_digest=intent_digest
+                )
+            # Refused (committed, or a higher epoch): the upsert still holds the row
+            # lock, so this read is current.
+        return _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
 
     def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> None:
         info = _table_info(cur, plan.table)
