@@ -1,0 +1,1128 @@
+"""PostgreSQL commit journal: a connection pool, server-clock leases, one-statement CAS."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
+from psycopg_pool import ConnectionPool
+
+from dpone.adapters import _pg
+from dpone.adapters.journal import _rules
+from dpone.contracts.evidence import SafeMapping
+from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
+from dpone.contracts.states import CommitState
+from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
+
+if TYPE_CHECKING:
+    from dpone.ports.journal import TransactionalJournalPort
+
+__all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
+
+_T = TypeVar("_T")
+_Conn = psycopg.Connection[tuple[Any, ...]]
+
+# Plain identifiers only: the schema is also quoted everywhere, so this is a second belt.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+_APPLICATION_NAME = "dpone-journal"
+# A statement may first wait its full lock bound, then still has to run.
+_STATEMENT_MARGIN_S = 30.0
+_STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
+_ALL_STATES = sorted(s.value for s in CommitState)
+
+
+# Migrations, in order; entry N-1 brings the schema to version N. Never edit a released
+# one: add a new entry. ``{s}`` is the quoted schema. Times are ``timestamptz`` (readable
+# with psql, indexable); the adapter hands them out as float epoch seconds, always through
+# the same ``extract(epoch ...)::float8`` so a value read twice compares equal.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"""
+        CREATE TABLE IF NOT EXISTS {{s}}.dpone_journal (
+            operation_id     text PRIMARY KEY,
+            intent_digest    text NOT NULL,
+            state            text NOT NULL CHECK (state IN ({_STATES_SQL})),
+            previous_state   text,
+            version          bigint NOT NULL CHECK (version >= 1),
+            lease_owner      text,
+            lease_epoch      bigint NOT NULL DEFAULT 0 CHECK (lease_epoch >= 0),
+            lease_expires_at timestamptz,
+            metadata         jsonb NOT NULL DEFAULT '{{}}',
+            result           jsonb,
+            created_at       timestamptz NOT NULL,
+            updated_at       timestamptz NOT NULL
+        )
+        """,
+        # `journal list --state X` with millions of entries: one backward index range
+        # per state (see _Statements.list_entries), never a sort of the whole table.
+        "CREATE INDEX IF NOT EXISTS dpone_journal_state_updated "
+        "ON {s}.dpone_journal (state, updated_at DESC)",
+        # No surrogate key: (operation_id, version, seq) is the order history is read in.
+        """
+        CREATE TABLE IF NOT EXISTS {s}.dpone_transitions (
+            operation_id text NOT NULL REFERENCES {s}.dpone_journal (operation_id),
+            version      bigint NOT NULL,
+            seq          integer NOT NULL,
+            from_state   text,
+            to_state     text NOT NULL,
+            kind         text NOT NULL,
+            actor        text NOT NULL,
+            lease_epoch  bigint NOT NULL,
+            evidence     jsonb NOT NULL,
+            at           timestamptz NOT NULL,
+            PRIMARY KEY (operation_id, version, seq)
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS {s}.dpone_audit (
+            id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            operation_id   text NOT NULL,
+            principal      text NOT NULL,
+            action         text NOT NULL,
+            reason         text NOT NULL,
+            attestation    text,
+            before_state   text,
+            after_state    text,
+            before_version bigint,
+            after_version  bigint,
+            outcome        text NOT NULL,
+            at             timestamptz NOT NULL
+        )
+        """,
+        "CREATE INDEX IF NOT EXISTS dpone_audit_operation ON {s}.dpone_audit (operation_id, id)",
+        # History and audit are evidence: the database itself refuses to rewrite them
+        # (for every role but the tables' owner, who could drop the triggers).
+        """
+        CREATE OR REPLACE FUNCTION {s}.dpone_refuse_rewrite() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION '% is append-only', TG_TABLE_NAME
+                USING ERRCODE = 'restrict_violation';
+        END
+        $$
+        """,
+        "CREATE TRIGGER dpone_transitions_append_only BEFORE UPDATE OR DELETE "
+        "ON {s}.dpone_transitions FOR EACH ROW EXECUTE FUNCTION {s}.dpone_refuse_rewrite()",
+        "CREATE TRIGGER dpone_transitions_no_truncate BEFORE TRUNCATE "
+        "ON {s}.dpone_transitions FOR EACH STATEMENT EXECUTE FUNCTION {s}.dpone_refuse_rewrite()",
+        "CREATE TRIGGER dpone_audit_append_only BEFORE UPDATE OR DELETE "
+        "ON {s}.dpone_audit FOR EACH ROW EXECUTE FUNCTION {s}.dpone_refuse_rewrite()",
+        "CREATE TRIGGER dpone_audit_no_truncate BEFORE TRUNCATE "
+        "ON {s}.dpone_audit FOR EACH STATEMENT EXECUTE FUNCTION {s}.dpone_refuse_rewrite()",
+    ),
+)
+#: The schema version this code writes and reads.
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+# ---------------------------------------------------------------------- SQL
+def _entry_columns(alias: str) -> str:
+    a = alias
+    return (
+        f"{a}.operation_id, {a}.intent_digest, {a}.state, {a}.version, {a}.lease_owner, "
+        f"{a}.lease_epoch, extract(epoch FROM {a}.lease_expires_at)::float8, "
+        f"{a}.metadata::text, {a}.result::text, extract(epoch FROM {a}.created_at)::float8, "
+        f"extract(epoch FROM {a}.updated_at)::float8"
+    )
+
+
+_TRANSITION_INSERT = (
+    "operation_id, version, seq, from_state, to_state, kind, actor, lease_epoch, evidence, at"
+)
+_AUDIT_INSERT = (
+    "operation_id, principal, action, reason, attestation, before_state, after_state, "
+    "before_version, after_version, outcome, at"
+)
+_NOW = "extract(epoch FROM clock_timestamp())::float8"
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    """Every statement of one schema, built once. Time is always the server's clock.
+
+    Each write is ONE statement: the conditional UPDATE (or INSERT) and its history
+    and audit rows are data-modifying CTEs of it, so they commit together in one round
+    trip and one WAL flush. The clock is read once per statement (``clock``: the
+    server's ``clock_timestamp()`` when the statement starts, not ``now()``, which inside
+    a long target transaction would be its start), so ``updated_at``, the history times
+    and a new lease expiry (``updated_at + ttl``) agree exactly. A statement that waits
+    on the row lock keeps its start time: leases then look live a little longer, never
+    expired too early.
+    """
+
+    migrate_lock: str
+    version_table: str
+    installed_version: str
+    record_version: str
+    create_schema: str
+    create_intent: str
+    cas: str
+    cas_audited: str
+    acquire: str
+    renew: str
+    release: str
+    get: str
+    get_with_now: str
+    list_entries: str
+    history: str
+    audit_all: str
+    audit_one: str
+    append_audit: str
+    now: str
+
+    @classmethod
+    def build(cls, schema: str) -> _Statements:
+        s = '"' + schema + '"'
+        j = f"{s}.dpone_journal"
+        t = f"{s}.dpone_transitions"
+        au = f"{s}.dpone_audit"
+        cas_head = f"""
+            WITH moved AS (
+                UPDATE {j} AS j
+                SET previous_state = j.state, state = %(next_state)s, version = j.version + 1,
+                    result = COALESCE(%(result)s::jsonb, j.result), updated_at = clock.now,
+                    -- release_lease: the lease ends with this write, no second round trip
+                    lease_owner = CASE WHEN %(release)s THEN NULL ELSE j.lease_owner END,
+                    lease_expires_at = CASE WHEN %(release)s THEN clock.now
+                                            ELSE j.lease_expires_at END
+                FROM (SELECT clock_timestamp() AS now) AS clock
+                WHERE j.operation_id = %(operation_id)s AND j.version = %(expected_version)s
+                  AND j.state = ANY(%(expected_states)s::text[])
+                  AND j.lease_epoch = %(lease_epoch)s
+                RETURNING j.*
+            ), history AS (
+                INSERT INTO {t} ({_TRANSITION_INSERT})
+                SELECT m.operation_id, m.version, step.seq, step.from_state, step.to_state,
+                       step.kind, %(actor)s, m.lease_epoch, %(evidence)s::jsonb, m.updated_at
+                FROM moved AS m
+                JOIN unnest(%(step_source)s::text[], %(step_seq)s::int[], %(step_from)s::text[],
+                            %(step_to)s::text[], %(step_kind)s::text[])
+                     AS step(source, seq, from_state, to_state, kind)
+                  ON step.source = m.previous_state
+            )"""
+        cas_tail = f"SELECT {_entry_columns('m')}, m.previous_state FROM moved AS m"
+        audit_cte = f""", audit AS (
+                INSERT INTO {au} ({_AUDIT_INSERT})
+                SELECT m.operation_id, %(principal)s, %(action)s, %(reason)s, %(attestation)s,
+                       m.previous_state, m.state, %(expected_version)s, m.version, 'applied',
+                       m.updated_at
+                FROM moved AS m
+            )"""
+        transition_columns = (
+            "operation_id, version, seq, from_state, to_state, kind, actor, lease_epoch, "
+            "evidence::text, extract(epoch FROM at)::float8"
+        )
+        audit_columns = (
+            "operation_id, principal, action, reason, attestation, before_state, after_state, "
+            "before_version, after_version, outcome, extract(epoch FROM at)::float8"
+        )
+        return cls(
+            migrate_lock="SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            version_table=(
+                f"CREATE TABLE IF NOT EXISTS {s}.dpone_schema_version ("
+                "version integer PRIMARY KEY, "
+                "applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            ),
+            installed_version=f"SELECT COALESCE(max(version), 0) FROM {s}.dpone_schema_version",
+            record_version=f"INSERT INTO {s}.dpone_schema_version (version) VALUES (%s)",
+            create_schema=f"CREATE SCHEMA IF NOT EXISTS {s}",
+            # A replay (the entry exists) is answered by the same round trip: the second
+            # branch reads the row when the INSERT did nothing. Both branches share one
+            # snapshot, so a row committed by a concurrent creator after it may be in
+            # neither; the caller then reads again.
+            create_intent=f"""
+                WITH created AS (
+                    INSERT INTO {j} (operation_id, intent_digest, state, version, lease_owner,
+                                     lease_epoch, lease_expires_at, metadata, created_at,
+                                     updated_at)
+                    SELECT %(operation_id)s, %(intent_digest)s, 'PREPARING', 1, %(owner)s::text,
+                           %(lease_epoch)s, clock.now + make_interval(secs => %(ttl)s::float8),
+                           %(metadata)s::jsonb, clock.now, clock.now
+                    FROM (SELECT clock_timestamp() AS now) AS clock
+                    ON CONFLICT (operation_id) DO NOTHING
+                    RETURNING *
+                ), history AS (
+                    -- _rules.create_row, then _rules.lease_row(seq=1) for a leased birth
+                    INSERT INTO {t} ({_TRANSITION_INSERT})
+                    SELECT c.operation_id, c.version, 0, NULL, c.state, 'create', %(actor)s,
+                           c.lease_epoch, '{{}}'::jsonb, c.created_at
+                    FROM created AS c
+                    UNION ALL
+                    SELECT c.operation_id, c.version, 1, c.state, c.state, 'lease', c.lease_owner,
+                           c.lease_epoch,
+                           jsonb_build_object('owner', c.lease_owner, 'lease_epoch', c.lease_epoch),
+                           c.updated_at
+                    FROM created AS c WHERE c.lease_owner IS NOT NULL
+                )
+                SELECT {_entry_columns("c")} FROM created AS c
+                UNION ALL
+                SELECT {_entry_columns("x")} FROM {j} AS x
+                WHERE x.operation_id = %(operation_id)s AND NOT EXISTS (SELECT 1 FROM created)
+            """,
+            cas=cas_head + "\n" + cas_tail,
+            cas_audited=cas_head + audit_cte + "\n" + cas_tail,
+            # The lease predicate mirrors _rules.lease_is_free, judged by the server clock;
+            # the history row mirrors _rules.lease_row (tests compare them).
+            acquire=f"""
+                WITH granted AS (
+                    UPDATE {j} AS j
+                    SET lease_owner = %(owner)s, lease_epoch = j.lease_epoch + 1,
+                        lease_expires_at = clock.now + make_interval(secs => %(ttl)s),
+                        version = j.version + 1, updated_at = clock.now
+                    FROM (SELECT clock_timestamp() AS now) AS clock
+                    WHERE j.operation_id = %(operation_id)s
+                      AND (%(expected_version)s::bigint IS NULL
+                           OR j.version = %(expected_version)s::bigint)
+                      AND (j.lease_owner IS NULL OR j.lease_expires_at IS NULL
+                           OR j.lease_expires_at <= clock.now
+                           OR j.lease_owner = %(owner)s
+                           OR j.lease_owner = %(break_owner)s::text)
+                    RETURNING j.*
+                ), history AS (
+                    INSERT INTO {t} ({_TRANSITION_INSERT})
+                    SELECT g.operation_id, g.version, 0, g.state, g.state, 'lease', g.lease_owner,
+                           g.lease_epoch,
+                           jsonb_build_object('owner', g.lease_owner, 'lease_epoch', g.lease_epoch),
+                           g.updated_at
+                    FROM granted AS g
+                )
+                SELECT {_entry_columns("g")} FROM granted AS g
+            """,
+            renew=f"""
+                UPDATE {j} AS j
+                SET lease_expires_at = clock.now + make_interval(secs => %(ttl)s)
+                FROM (SELECT clock_timestamp() AS now) AS clock
+                WHERE j.operation_id = %(operation_id)s AND j.lease_owner = %(owner)s
+                  AND j.lease_epoch = %(lease_epoch)s
+                RETURNING {_entry_columns("j")}
+            """,
+            release=f"""
+                UPDATE {j} AS j SET lease_owner = NULL, lease_expires_at = clock.now
+                FROM (SELECT clock_timestamp() AS now) AS clock
+                WHERE j.operation_id = %(operation_id)s AND j.lease_owner = %(owner)s
+                  AND j.lease_epoch = %(lease_epoch)s
+            """,
+            get=f"SELECT {_entry_columns('j')} FROM {j} AS j WHERE j.operation_id = %s",
+            get_with_now=(
+                f"SELECT {_entry_columns('j')}, {_NOW} FROM {j} AS j WHERE j.operation_id = %s"
+            ),
+            # One short backward range scan of (state, updated_at DESC) per state, then a
+            # merge of at most limit rows per state: fast with millions of entries, also
+            # for several states or all of them (a plain ``state = ANY`` would sort them all).
+            list_entries=f"""
+                SELECT {_entry_columns("x")}
+                FROM unnest(%(states)s::text[]) AS wanted(state)
+                CROSS JOIN LATERAL (
+                    SELECT j.* FROM {j} AS j
+                    WHERE j.state = wanted.state
+                      AND j.updated_at < COALESCE(to_timestamp(%(before)s::float8), 'infinity')
+                    ORDER BY j.updated_at DESC, j.operation_id DESC
+                    LIMIT %(limit)s
+                ) AS x
+                ORDER BY x.updated_at DESC, x.operation_id DESC
+                LIMIT %(limit)s
+            """,
+            history=(
+                f"SELECT {transition_columns} FROM {t} "
+                "WHERE operation_id = %s ORDER BY version, seq"
+            ),
+            audit_all=f"SELECT {audit_columns} FROM {au} ORDER BY id",
+            audit_one=f"SELECT {audit_columns} FROM {au} WHERE operation_id = %s ORDER BY id",
+            append_audit=(
+                f"INSERT INTO {au} ({_AUDIT_INSERT}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, clock_timestamp()) "
+                "RETURNING extract(epoch FROM at)::float8"
+            ),
+            now=f"SELECT {_NOW}",
+        )
+
+
+# ---------------------------------------------------------------------- the adapter
+class PostgresCommitJournal:
+    """A CommitJournalPort (and TransactionalJournalPort) in one PostgreSQL schema.
+
+    Every method is one round trip on a pooled autocommit connection: each write is a
+    single statement whose CTEs add the history and audit rows, so a CAS is one
+    conditional ``UPDATE`` committed with its history. Leases and timestamps use the
+    server's clock only. Nothing connects in the constructor: the first call migrates
+    the schema (idempotent, serialized by an advisory lock) and opens the pool. After a
+    ``fork`` the child opens its own pool and never touches the parent's connections.
+
+    Args:
+        dsn: a ``postgresql://`` URL or ``key=value`` DSN; it is never logged or repeated.
+        schema: the schema holding the journal tables; created when missing.
+        pool_min: connections kept open.
+        pool_max: at most this many connections (threads beyond it wait).
+        lock_timeout_s: how long a statement waits for a row lock before
+            ``JournalUnavailable``; statements are cancelled after this plus 30 s.
+        connect_timeout_s: bound on connecting and on waiting for a pooled connection
+            (libpq counts whole seconds, at least 2).
+
+    Raises:
+        ConfigInvalid: a bad DSN, schema name or bound (no I/O happens here).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "dpone",
+        pool_min: int = 1,
+        pool_max: int = 4,
+        lock_timeout_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        self._locator = _pg.pg_locator(dsn) if isinstance(dsn, str) and dsn.strip() else ""
+        if not self._locator:
+            raise ConfigInvalid("the PostgreSQL journal needs a DSN", field="journal")
+        if not isinstance(schema, str) or not _IDENTIFIER.fullmatch(schema):
+            raise ConfigInvalid(
+                "the journal schema must be a plain identifier: a letter or _ then up to 62 "
+                "letters, digits, _ or $",
+                field="schema",
+            )
+        if not (isinstance(pool_min, int) and isinstance(pool_max, int)):
+            raise ConfigInvalid("pool sizes must be integers", field="pool_max")
+        if pool_min < 0 or pool_max < max(1, pool_min):
+            raise ConfigInvalid(
+                "need 0 <= pool_min <= pool_max and pool_max >= 1", field="pool_max"
+            )
+        self._dsn = dsn
+        self._schema = schema
+        self._pool_min = pool_min
+        self._pool_max = pool_max
+        self._lock_timeout_s = _positive(lock_timeout_s, "lock_timeout_s")
+        self._connect_timeout_s = _positive(connect_timeout_s, "connect_timeout_s")
+        self._connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            # libpq counts whole seconds and treats anything below 2 as 2.
+            "connect_timeout": max(2, math.ceil(self._connect_timeout_s)),
+        }
+        if not conninfo_to_dict(dsn).get("application_name"):
+            self._connect_kwargs["application_name"] = _APPLICATION_NAME
+        self._settings = (
+            f"{round(self._lock_timeout_s * 1000)}ms",
+            f"{round((self._lock_timeout_s + _STATEMENT_MARGIN_S) * 1000)}ms",
+        )
+        self._sql = _Statements.build(schema)
+        self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool[_Conn] | None = None
+        # Pools inherited through fork belong to the parent: never used, never closed
+        # (closing would end the parent's sessions on the server).
+        self._inherited: list[ConnectionPool[_Conn]] = []
+        self._pid = os.getpid()
+        self._ready = False
+        self._closed = False
+        # libpq's view (host as connected, port, dbname) of our own connections; a
+        # target transaction must show the same one to join atomic mode.
+        self._server: str | None = None
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def locator(self) -> str:
+        """This journal's database identity, ``postgresql://host:port/dbname``; no secret."""
+        return self._locator
+
+    @property
+    def schema(self) -> str:
+        """The schema holding the journal tables."""
+        return self._schema
+
+    def shares_database_with(self, locator: str) -> bool:
+        """Return True when ``locator`` names this journal's database (atomic mode possible)."""
+        if not isinstance(locator, str) or not locator.lower().startswith(
+            ("postgresql://", "postgres://")
+        ):
+            return False
+        try:
+            return _pg.pg_locator(locator) == self._locator
+        except DponeError:
+            return False
+
+    # ------------------------------------------------------------------ schema
+    def migrate(self) -> list[int]:
+        """Bring the schema to SCHEMA_VERSION; return the versions this call applied.
+
+        Safe from many processes at once: one applies, the others wait on an advisory
+        lock and then find nothing to do (an empty list).
+
+        Raises:
+            JournalUnavailable: the server is unreachable or a lock wait ran out.
+            ConfigInvalid: the schema is newer than this dpone.
+        """
+        with self._lock:
+            self._check_open()
+            return self._migrate()
+
+    # ------------------------------------------------------------------ reads
+    def get(self, operation_id: str) -> JournalEntry | None:
+        """Return the entry or None; reads see every committed write."""
+        row = self._run(
+            "read a journal entry",
+            lambda conn: conn.execute(self._sql.get, (operation_id,)).fetchone(),
+            repeatable=True,
+        )
+        return None if row is None else _entry(row)
+
+    def list_entries(
+        self,
+        *,
+        states: frozenset[CommitState] | None = None,
+        updated_before: float | None = None,
+        limit: int = 100,
+    ) -> list[JournalEntry]:
+        """Return entries, newest update first, filtered by state and age."""
+        if states is not None and not states:
+            return []
+        params = {
+            "states": _ALL_STATES if states is None else sorted(s.value for s in states),
+            "before": None if updated_before is None else float(updated_before),
+            "limit": max(int(limit), 0),
+        }
+        rows = self._run(
+            "list journal entries",
+            lambda conn: conn.execute(self._sql.list_entries, params).fetchall(),
+            repeatable=True,
+        )
+        return [_entry(row) for row in rows]
+
+    def history(self, operation_id: str) -> list[Transition]:
+        """Return the append-only transition history in order."""
+        rows = self._run(
+            "read the transition history",
+            lambda conn: conn.execute(self._sql.history, (operation_id,)).fetchall(),
+            repeatable=True,
+        )
+        return [_transition(row) for row in rows]
+
+    def audit_log(self, operation_id: str | None = None) -> list[AuditRecord]:
+        """Return audit records in order, for one operation or all."""
+        query = self._sql.audit_all if operation_id is None else self._sql.audit_one
+        params: tuple[str, ...] = () if operation_id is None else (operation_id,)
+        rows = self._run(
+            "read the audit log",
+            lambda conn: conn.execute(query, params).fetchall(),
+            repeatable=True,
+        )
+        return [_audit(row) for row in rows]
+
+    def now(self) -> float:
+        """Return the server's clock, seconds since the epoch."""
+        row = self._run(
+            "read the server clock",
+            lambda conn: conn.execute(self._sql.now).fetchone(),
+            repeatable=True,
+        )
+        assert row is not None  # noqa: S101 - SELECT without FROM returns one row
+        return float(row[0])
+
+    # ------------------------------------------------------------------ writes
+    def create_intent(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+    ) -> JournalEntry:
+        """Create the entry in PREPARING if absent; otherwise return the existing one.
+
+        An existing entry is returned unchanged, in the same round trip.
+        """
+        _rules.check_identity("operation_id", operation_id)
+        _rules.check_identity("intent_digest", intent_digest)
+        safe_metadata = _rules.safe_values(metadata)
+        _rules.safe_actor(actor)
+        ttl = None  # the statement can also create the entry leased (epoch 1)
+        lease_owner = None
+        params = {
+            "operation_id": operation_id,
+            "intent_digest": intent_digest,
+            "metadata": _rules.encode_mapping(safe_metadata),
+            "actor": actor,
+            "owner": lease_owner if ttl is not None else None,
+            "lease_epoch": 1 if ttl is not None else 0,
+            "ttl": ttl,
+        }
+
+        def write(conn: _Conn) -> tuple[Any, ...] | None:
+            row = conn.execute(self._sql.create_intent, params).fetchone()
+            if row is None:
+                # A concurrent creator committed after this statement's snapshot.
+                row = conn.execute(self._sql.get, (operation_id,)).fetchone()
+            return row
+
+        # Repeating is safe: a create that did commit is found by the repeat.
+        row = self._run("record the intent", write, repeatable=True)
+        if row is None:  # pragma: no cover - the insert conflicted on this very key
+            raise _rules.not_found(operation_id)
+        entry = _entry(row)
+        if entry.intent_digest != intent_digest:
+            raise _rules.intent_conflict(entry)
+        return entry
+
+    def compare_and_set(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        next_state: CommitState,
+        lease_epoch: int,
+        actor: str,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+        audit: AuditRequest | None = None,
+    ) -> JournalEntry:
+        """Move the entry to ``next_state`` in one conditional UPDATE; version + 1."""
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=next_state,
+            atomic=False,
+            audited=audit is not None,
+        )
+        query, params = self._cas_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=next_state,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            audit=audit,
+            release_lease=False,
+        )
+        # Never repeated: a CAS whose commit was lost in transit must not be sent again.
+        return self._run(
+            "write the journal state",
+            lambda conn: self._cas(conn, query, params, expected_states=expected_states),
+            repeatable=False,
+        )
+
+    def compare_and_set_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        next_state: CommitState,
+        lease_epoch: int,
+        actor: str,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Run the CAS on the target's open transaction ``txn``; atomic folds allowed.
+
+        Args:
+            txn: a ``psycopg.Connection`` to this journal's database, inside a
+                transaction. It is never begun, committed or rolled back here.
+
+        Raises:
+            TypeError: ``txn`` is not a ``psycopg.Connection``.
+            ValueError: ``txn`` is not in a transaction or is connected elsewhere.
+            IllegalTransition, JournalConflict, OperationNotFound: as ``compare_and_set``;
+                the caller must roll its transaction back.
+            JournalUnavailable: the statement failed (the transaction is then aborted).
+        """
+        if not isinstance(txn, psycopg.Connection):
+            raise TypeError("txn must be the target's psycopg.Connection")
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=next_state,
+            atomic=True,
+            audited=False,
+        )
+        query, params = self._cas_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=next_state,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            audit=None,
+            release_lease=False,
+        )
+        server = self._server_identity()
+        if txn.info.transaction_status != TransactionStatus.INTRANS:
+            raise ValueError(
+                "txn must be inside an open, healthy transaction: atomic mode needs it"
+            )
+        if _info_locator(txn.info) != server:
+            raise ValueError("txn is connected to another database than this journal's")
+        try:
+            # The target may use another row factory; decoding expects tuples.
+            with txn.cursor(row_factory=tuple_row) as cur:
+                return self._cas(cur, query, params, expected_states=expected_states)
+        except psycopg.Error as exc:
+            raise self._translate(exc, "write the journal state in the target transaction") from exc
+
+    def acquire_lease(
+        self,
+        *,
+        operation_id: str,
+        owner: str,
+        ttl_seconds: float,
+        expected_version: int | None = None,
+        break_owner: str | None = None,
+    ) -> JournalEntry:
+        """Grant the lease to ``owner`` at epoch + 1 in one conditional UPDATE; version + 1."""
+        ttl = _rules.check_ttl(ttl_seconds)
+        _rules.safe_actor(owner)
+        params = {
+            "operation_id": operation_id,
+            "owner": owner,
+            "ttl": ttl,
+            "expected_version": expected_version,
+            "break_owner": break_owner,
+        }
+
+        def write(conn: _Conn) -> JournalEntry:
+            row = conn.execute(self._sql.acquire, params).fetchone()
+            if row is not None:
+                return _entry(row)
+            found = conn.execute(self._sql.get_with_now, (operation_id,)).fetchone()
+            if found is None:
+                raise _rules.not_found(operation_id)
+            current = _entry(found)
+            if expected_version is not None and current.version != expected_version:
+                raise _rules.conflict(
+                    expected_version=expected_version,
+                    expected_states=None,
+                    lease_epoch=None,
+                    current=current,
+                )
+            raise _rules.lease_held(current, now=float(found[11]))
+
+        # Not repeated: a grant whose reply was lost would be granted again (epoch + 2).
+        return self._run("acquire the lease", write, repeatable=False)
+
+    def renew_lease(
+        self, *, operation_id: str, owner: str, lease_epoch: int, ttl_seconds: float
+    ) -> JournalEntry:
+        """Extend the caller's lease by the server clock; the version does not change."""
+        ttl = _rules.check_ttl(ttl_seconds)
+        params = {
+            "operation_id": operation_id,
+            "owner": owner,
+            "lease_epoch": lease_epoch,
+            "ttl": ttl,
+        }
+
+        def write(conn: _Conn) -> JournalEntry:
+            row = conn.execute(self._sql.renew, params).fetchone()
+            if row is not None:
+                return _entry(row)
+            found = conn.execute(self._sql.get, (operation_id,)).fetchone()
+            if found is None:
+                raise _rules.not_found(operation_id)
+            raise _rules.lease_lost(_entry(found), lease_epoch=lease_epoch)
+
+        # Repeating a renewal only sets the same kind of expiry again.
+        return self._run("renew the lease", write, repeatable=True)
+
+    def release_lease(self, *, operation_id: str, owner: str, lease_epoch: int) -> None:
+        """Expire the caller's lease now if it still holds it; otherwise do nothing."""
+        params = {"operation_id": operation_id, "owner": owner, "lease_epoch": lease_epoch}
+        self._run(
+            "release the lease",
+            lambda conn: conn.execute(self._sql.release, params),
+            repeatable=True,
+        )
+
+    def append_audit(
+        self,
+        *,
+        operation_id: str,
+        request: AuditRequest,
+        outcome: str,
+        entry: JournalEntry | None,
+    ) -> AuditRecord:
+        """Record an operator action that changed no state."""
+        _rules.check_identity("operation_id", operation_id)
+        _rules.safe_audit(request, outcome)
+        state = None if entry is None else entry.state.value
+        version = None if entry is None else entry.version
+        params = (
+            operation_id,
+            request.principal,
+            request.action,
+            request.reason,
+            request.attestation,
+            state,
+            state,
+            version,
+            version,
+            outcome,
+        )
+        row = self._run(
+            "append the audit record",
+            lambda conn: conn.execute(self._sql.append_audit, params).fetchone(),
+            repeatable=False,
+        )
+        assert row is not None  # noqa: S101 - INSERT ... RETURNING of one row
+        return _rules.audit_record(
+            operation_id=operation_id,
+            request=request,
+            outcome=outcome,
+            before_state=None if entry is None else entry.state,
+            before_version=version,
+            after=entry,
+            at=float(row[0]),
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close the connection pool. Idempotent; a forked child leaves the parent's alone."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            forked = os.getpid() != self._pid
+        if pool is None:
+            return
+        if forked:
+            self._inherited.append(pool)
+            return
+        pool.close()
+
+    def __enter__(self) -> PostgresCommitJournal:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresCommitJournal({self._locator!r}, schema={self._schema!r})"
+
+    # ------------------------------------------------------------------ internals
+    def _cas_statement(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        next_state: CommitState,
+        lease_epoch: int,
+        actor: str,
+        evidence: Mapping[str, object] | None,
+        result: Mapping[str, object] | None,
+        audit: AuditRequest | None,
+        release_lease: bool,
+    ) -> tuple[str, dict[str, Any]]:
+        """Check the values and return the CAS statement with its parameters.
+
+        The history rows come from ``_rules.transition_rows`` for every state the entry
+        may be in; the statement keeps those of the state it actually left, so a CAS
+        that accepts several states records the exact (fold) path it took.
+        """
+        safe_evidence = _rules.safe_values(evidence)
+        safe_result = _rules.safe_values(result) if result is not None else None
+        _rules.safe_actor(actor)
+        if audit is not None:
+            _rules.safe_audit(audit, "applied")
+        steps: list[Transition] = []
+        sources: list[str] = []
+        for frm in sorted(expected_states, key=lambda s: s.value):
+            rows = _rules.transition_rows(
+                operation_id=operation_id,
+                from_state=frm,
+                to_state=next_state,
+                version=0,  # the statement uses the new version
+                actor=actor,
+                lease_epoch=lease_epoch,
+                evidence=safe_evidence,
+                at=0.0,  # and the server's time
+            )
+            steps.extend(rows)
+            sources.extend(frm.value for _ in rows)
+        params: dict[str, Any] = {
+            "operation_id": operation_id,
+            "expected_version": expected_version,
+            "expected_states": sorted(s.value for s in expected_states),
+            "next_state": next_state.value,
+            "lease_epoch": lease_epoch,
+            "release": bool(release_lease),
+            "result": None if safe_result is None else _rules.encode_mapping(safe_result),
+            "actor": actor,
+            "evidence": _rules.encode_mapping(safe_evidence),
+            "step_source": sources,
+            "step_seq": [t.seq for t in steps],
+            "step_from": [None if t.from_state is None else t.from_state.value for t in steps],
+            "step_to": [t.to_state.value for t in steps],
+            "step_kind": [t.kind for t in steps],
+        }
+        if audit is None:
+            return self._sql.cas, params
+        params.update(
+            principal=audit.principal,
+            action=audit.action,
+            reason=audit.reason,
+            attestation=audit.attestation,
+        )
+        return self._sql.cas_audited, params
+
+    def _cas(
+        self,
+        conn: _Conn | psycopg.Cursor[tuple[Any, ...]],
+        query: str,
+        params: dict[str, Any],
+        *,
+        expected_states: frozenset[CommitState],
+    ) -> JournalEntry:
+        """Run the CAS statement; on zero rows read the entry and raise the conflict."""
+        row = conn.execute(query, params).fetchone()
+        if row is not None:
+            return _entry(row)
+        found = conn.execute(self._sql.get, (params["operation_id"],)).fetchone()
+        if found is None:
+            raise _rules.not_found(params["operation_id"])
+        raise _rules.conflict(
+            expected_version=params["expected_version"],
+            expected_states=expected_states,
+            lease_epoch=params["lease_epoch"],
+            current=_entry(found),
+        )
+
+    def _run(self, action: str, work: Callable[[_Conn], _T], *, repeatable: bool) -> _T:
+        """Run ``work`` on a pooled connection; translate every driver error.
+
+        A connection found dead (the server restarted since it was pooled) is dropped
+        with the pool's other idle ones; ``repeatable`` work then runs once more on a
+        fresh connection, since running it twice is harmless.
+        """
+        for attempt in (1, 2):
+            pool = self._ready_pool()
+            lost = False
+            try:
+                with pool.connection() as conn:
+                    try:
+                        return work(conn)
+                    except psycopg.Error:
+                        lost = conn.broken or conn.closed
+                        raise
+            except psycopg.Error as exc:
+                if lost:
+                    self._drop_dead_connections(pool)
+                    if repeatable and attempt == 1:
+                        continue
+                raise self._translate(exc, action) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drop_dead_connections(self, pool: ConnectionPool[_Conn]) -> None:
+        try:
+            pool.check()
+        except psycopg.Error:
+            pass  # the pool replaces what it could not check; the caller's error matters
+
+    def _ready_pool(self) -> ConnectionPool[_Conn]:
+        """Return this process's pool, migrating the schema and opening it on first use."""
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        if self._pid != os.getpid():
+            # A forked child: another thread of the parent may have held the lock.
+            self._lock = threading.Lock()
+        with self._lock:
+            self._check_open()
+            if self._pid != os.getpid():
+                if self._pool is not None:
+                    self._inherited.append(self._pool)
+                self._pool = None
+                self._pid = os.getpid()
+            if not self._ready:
+                self._migrate()
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self._dsn,
+                    kwargs=self._connect_kwargs,
+                    min_size=self._pool_min,
+                    max_size=self._pool_max,
+                    open=False,
+                    configure=self._configure,
+                    name=_APPLICATION_NAME,
+                    timeout=self._connect_timeout_s,
+                    num_workers=2,
+                )
+                self._pool.open(wait=False)
+            return self._pool
+
+    def _configure(self, conn: _Conn) -> None:
+        """Bound every lock wait and statement of a new pooled connection."""
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false), "
+            "set_config('statement_timeout', %s, false)",
+            self._settings,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JournalUnavailable(
+                f"{self._where} was closed by this process; open it again",
+                hint="create a new PostgresCommitJournal",
+            )
+
+    def _server_identity(self) -> str:
+        """Return libpq's view of our server (set by the first connection)."""
+        self._ready_pool()
+        assert self._server is not None  # noqa: S101 - set by the migration connection
+        return self._server
+
+    def _migrate(self) -> list[int]:
+        """Connect directly (fast, precise failure) and bring the schema up to date.
+
+        Must hold ``self._lock``. The direct connection also records the server identity.
+        """
+        try:
+            with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+                self._configure(conn)
+                self._server = _info_locator(conn.info)
+                applied = self._migrate_on(conn)
+        except psycopg.Error as exc:
+            raise self._translate(exc, "migrate the journal schema") from exc
+        self._ready = True
+        return applied
+
+    def _migrate_on(self, conn: _Conn) -> list[int]:
+        if self._installed_version(conn, missing_ok=True) == SCHEMA_VERSION:
+            return []  # the usual case: one read, no lock
+        applied: list[int] = []
+        with conn.transaction():
+            # Creating tables in an existing journal may wait on locks: keep lock_timeout,
+            # lift the statement bound for this transaction only.
+            conn.execute("SET LOCAL statement_timeout = 0")
+            conn.execute(self._sql.migrate_lock, (f"dpone.journal.migrate:{self._schema}",))
+            conn.execute(self._sql.create_schema)
+            conn.execute(self._sql.version_table)
+            current = self._installed_version(conn, missing_ok=False)  # again, under the lock
+            quoted = '"' + self._schema + '"'
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[version - 1]:
+                    conn.execute(statement.replace("{s}", quoted))
+                conn.execute(self._sql.record_version, (version,))
+                applied.append(version)
+        return applied
+
+    def _installed_version(self, conn: _Conn, *, missing_ok: bool) -> int:
+        try:
+            row = conn.execute(self._sql.installed_version).fetchone()
+        except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
+            if not missing_ok:
+                raise
+            return 0  # autocommit: the failed read leaves nothing to roll back
+        version = int(row[0]) if row is not None else 0
+        if version > SCHEMA_VERSION:
+            raise ConfigInvalid(
+                f"{self._where} has schema version {version}, newer than this dpone "
+                f"supports ({SCHEMA_VERSION})",
+                field="journal",
+                hint="upgrade dpone, or point it at another schema",
+            )
+        return version
+
+    def _translate(self, exc: BaseException, action: str) -> DponeError:
+        return _pg.translate(
+            exc,
+            action=f"could not {action}",
+            unavailable=JournalUnavailable,
+            rejected=JournalUnavailable,
+            lock_timeout_s=self._lock_timeout_s,
+            subject=self._where,
+        )
+
+
+# ---------------------------------------------------------------------- helpers
+def _positive(value: float, field: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigInvalid(f"{field} must be a positive number of seconds", field=field)
+    return number
+
+
+def _info_locator(info: psycopg.ConnectionInfo) -> str:
+    """The locator of a live connection, normalized like a DSN's (``_pg.pg_locator``)."""
+    return _pg.pg_locator(make_conninfo(host=info.host, port=info.port, dbname=info.dbname))
+
+
+# ---------------------------------------------------------------------- row decoding
+def _state(value: object) -> CommitState | None:
+    return None if value is None else CommitState(str(value))
+
+
+def _mapping(text: str | None) -> SafeMapping | None:
+    return None if text is None else _rules.decode_mapping(text)
+
+
+def _entry(row: tuple[Any, ...]) -> JournalEntry:
+    return JournalEntry(
+        operation_id=row[0],
+        intent_digest=row[1],
+        state=CommitState(row[2]),
+        version=int(row[3]),
+        lease_owner=row[4],
+        lease_epoch=int(row[5]),
+        lease_expires_at=None if row[6] is None else float(row[6]),
+        metadata=_rules.decode_mapping(row[7]),
+        result=_mapping(row[8]),
+        created_at=float(row[9]),
+        updated_at=float(row[10]),
+    )
+
+
+def _transition(row: tuple[Any, ...]) -> Transition:
+    return Transition(
+        operation_id=row[0],
+        version=int(row[1]),
+        seq=int(row[2]),
+        from_state=_state(row[3]),
+        to_state=CommitState(row[4]),
+        kind=row[5],
+        actor=row[6],
+        lease_epoch=int(row[7]),
+        evidence=_rules.decode_mapping(row[8]),
+        at=float(row[9]),
+    )
+
+
+def _audit(row: tuple[Any, ...]) -> AuditRecord:
+    return AuditRecord(
+        operation_id=row[0],
+        principal=row[1],
+        action=row[2],
+        reason=row[3],
+        attestation=row[4],
+        before_state=_state(row[5]),
+        after_state=_state(row[6]),
+        before_version=None if row[7] is None else int(row[7]),
+        after_version=None if row[8] is None else int(row[8]),
+        outcome=row[9],
+        at=float(row[10]),
+    )
+
+
+if TYPE_CHECKING:
+
+    def _conforms(journal: PostgresCommitJournal) -> TransactionalJournalPort:
+        # mypy proves here that the adapter matches the port, without inheriting from it
+        return journal

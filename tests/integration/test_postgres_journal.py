@@ -1,0 +1,661 @@
+"""PostgreSQL journal beyond the port: migrations, triggers, atomic mode, outages, clock, scale."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import socket
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from dpone.adapters.journal import _rules
+from dpone.adapters.journal.postgres import SCHEMA_VERSION, PostgresCommitJournal
+from dpone.contracts.journal import JournalEntry
+from dpone.contracts.states import CommitState as S
+from dpone.errors import ConfigInvalid, JournalConflict, JournalUnavailable, LeaseHeld
+from dpone.testing.journal_conformance import (
+    ACTOR,
+    AUDIT,
+    DIGEST,
+    OWNER_A,
+    OWNER_B,
+    create,
+    drive_to,
+    leased,
+    new_operation_id,
+)
+
+SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "WHERE", "RETURNING")
+CANARY = "Canary-Pw-7f3a9c"  # a password that must never surface
+MIGRATORS = 4
+
+
+@pytest.fixture
+def journal(pg_available: str, pg_schema: str) -> Iterator[PostgresCommitJournal]:
+    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
+    yield journal
+    journal.close()
+
+
+@pytest.fixture
+def admin(pg_available: str) -> Iterator[psycopg.Connection[Any]]:
+    """A plain autocommit connection for inspecting and provoking the server."""
+    with psycopg.connect(pg_available, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def unborn_schema(pg_available: str) -> Iterator[str]:
+    """A schema name that does not exist yet (the journal must create it); dropped after."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_available, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _prepared(journal: PostgresCommitJournal) -> JournalEntry:
+    return drive_to(journal, leased(journal), S.PREPARED)
+
+
+def _within(
+    journal: PostgresCommitJournal, txn: object, entry: JournalEntry, *, version: int | None = None
+) -> JournalEntry:
+    return journal.compare_and_set_within(
+        txn,
+        operation_id=entry.operation_id,
+        expected_version=entry.version if version is None else version,
+        expected_states=frozenset({entry.state}),
+        next_state=S.COMPLETE,
+        lease_epoch=entry.lease_epoch,
+        actor=ACTOR,
+        result={"rows_written": 2},
+        evidence={"mode": "atomic"},
+    )
+
+
+def _with_password(dsn: str, password: str) -> str:
+    """The test DSN with a user:password, as an operator's DSN would carry."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    params["password"] = password
+    params.setdefault("user", "postgres")
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+def _assert_safe(err: BaseException, *secrets: str) -> None:
+    assert isinstance(err, JournalUnavailable), type(err)
+    assert not isinstance(err, psycopg.Error)
+    assert err.retryable
+    text = str(err) + repr(err.attrs())
+    for secret in secrets:
+        assert secret not in text, text
+    assert not any(word in text for word in SQL_WORDS), text
+    assert pickle.loads(pickle.dumps(err)).attrs() == err.attrs()  # noqa: S301 - our own error
+
+
+# ---------------------------------------------------------------------- migrations
+def _migrate_worker(dsn: str, schema: str, barrier: Any, results: Any) -> None:
+    """Child process: open a journal on a schema nobody created yet and migrate at once."""
+    journal = PostgresCommitJournal(dsn, schema=schema)
+    try:
+        barrier.wait(timeout=60)
+        results.put(journal.migrate())
+    except BaseException as exc:  # reported to the parent, which fails the test
+        results.put(f"error: {exc!r}")
+    finally:
+        journal.close()
+
+
+def test_migrate_from_four_processes_applies_once(
+    pg_available: str, unborn_schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    """Four processes migrate a missing schema at once: one applies, the others find it done."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(MIGRATORS)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_migrate_worker, args=(pg_available, unborn_schema, barrier, results))
+        for _ in range(MIGRATORS)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        outcomes = [results.get(timeout=60) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+            proc.close()
+        results.close()
+        results.join_thread()
+    everything = list(range(1, SCHEMA_VERSION + 1))
+    assert sorted(outcomes, key=len) == [[]] * (MIGRATORS - 1) + [everything], outcomes
+    rows = admin.execute(
+        f'SELECT version FROM "{unborn_schema}".dpone_schema_version ORDER BY version'
+    ).fetchall()
+    assert [r[0] for r in rows] == everything
+
+
+def test_first_use_migrates_and_migrate_is_idempotent(
+    pg_available: str, unborn_schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    """No I/O in the constructor; the first call creates schema and tables; migrate() is a no-op."""
+    journal = PostgresCommitJournal(pg_available, schema=unborn_schema)
+    try:
+        assert admin.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (unborn_schema,)
+        ).fetchone() == (0,)
+        assert journal.get(new_operation_id()) is None
+        tables = admin.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (unborn_schema,)
+        ).fetchall()
+        assert [t[0] for t in tables] == [
+            "dpone_audit",
+            "dpone_journal",
+            "dpone_schema_version",
+            "dpone_transitions",
+        ]
+        assert journal.migrate() == []
+        with PostgresCommitJournal(pg_available, schema=unborn_schema) as again:
+            assert again.migrate() == []
+    finally:
+        journal.close()
+
+
+def test_newer_schema_version_is_refused(
+    pg_available: str, pg_schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    """A schema migrated by a newer dpone is ConfigInvalid, not silently used."""
+    with PostgresCommitJournal(pg_available, schema=pg_schema) as journal:
+        journal.migrate()
+    admin.execute(
+        f'INSERT INTO "{pg_schema}".dpone_schema_version (version) VALUES (%s)',
+        (SCHEMA_VERSION + 1,),
+    )
+    with (
+        PostgresCommitJournal(pg_available, schema=pg_schema) as newer,
+        pytest.raises(ConfigInvalid, match="newer"),
+    ):
+        newer.get(new_operation_id())
+
+
+@pytest.mark.parametrize("schema", ["", "1abc", 'x"; DROP TABLE y; --', "a" * 64, "sch ema"])
+def test_hostile_schema_names_are_refused_without_io(pg_available: str, schema: str) -> None:
+    """A schema that is not a plain identifier is ConfigInvalid at construction."""
+    with pytest.raises(ConfigInvalid):
+        PostgresCommitJournal(pg_available, schema=schema)
+
+
+# ---------------------------------------------------------------------- append-only
+@pytest.mark.parametrize("table", ["dpone_transitions", "dpone_audit"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE {t} SET actor = 'mallory' WHERE true",
+        "DELETE FROM {t} WHERE true",
+        "TRUNCATE {t}",
+    ],
+    ids=["update", "delete", "truncate"],
+)
+def test_history_and_audit_are_append_only(
+    journal: PostgresCommitJournal,
+    admin: psycopg.Connection[Any],
+    pg_schema: str,
+    table: str,
+    statement: str,
+) -> None:
+    """The database refuses to rewrite history or audit rows, whoever asks."""
+    entry = drive_to(journal, leased(journal), S.COMMIT_UNKNOWN)
+    journal.compare_and_set(
+        operation_id=entry.operation_id,
+        expected_version=entry.version,
+        expected_states=frozenset({S.COMMIT_UNKNOWN}),
+        next_state=S.TARGET_COMMITTED,
+        lease_epoch=entry.lease_epoch,
+        actor=ACTOR,
+        audit=AUDIT,
+    )
+    history = journal.history(entry.operation_id)
+    audit = journal.audit_log(entry.operation_id)
+    column = "principal" if table == "dpone_audit" else "actor"
+    sql = statement.format(t=f'"{pg_schema}".{table}').replace("actor", column)
+    with pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):
+        admin.execute(sql)
+    assert journal.history(entry.operation_id) == history
+    assert journal.audit_log(entry.operation_id) == audit
+
+
+# ---------------------------------------------------------------------- atomic mode
+def test_within_commits_with_the_foreign_transaction(
+    journal: PostgresCommitJournal, pg_available: str, pg_schema: str
+) -> None:
+    """An atomic fold written in a foreign psycopg transaction appears with its COMMIT."""
+    entry = _prepared(journal)
+    rows_before = journal.history(entry.operation_id)
+    # the connector's own connection; a dict row factory must not confuse the journal
+    with psycopg.connect(pg_available, autocommit=True, row_factory=dict_row) as target:
+        target.execute(f'CREATE TABLE "{pg_schema}".orders (id int PRIMARY KEY, amount int)')
+        with target.transaction():
+            target.execute(f'INSERT INTO "{pg_schema}".orders VALUES (1, 10), (2, 20)')
+            done = _within(journal, target, entry)
+            assert (done.state, done.version) == (S.COMPLETE, entry.version + 1)
+            assert journal.get(entry.operation_id) == entry, "invisible before the commit"
+        assert journal.get(entry.operation_id) == done
+        count = target.execute(f'SELECT count(*) AS n FROM "{pg_schema}".orders').fetchone()
+        assert count == {"n": 2}
+    assert done.result is not None
+    assert dict(done.result) == {"rows_written": 2}
+    new_rows = journal.history(entry.operation_id)[len(rows_before) :]
+    assert [(r.from_state, r.to_state) for r in new_rows] == [
+        (S.PREPARED, S.COMMITTING),
+        (S.COMMITTING, S.TARGET_COMMITTED),
+        (S.TARGET_COMMITTED, S.COMPLETE),
+    ]
+    assert {(r.version, r.kind, r.at) for r in new_rows} == {
+        (done.version, "fold", done.updated_at)
+    }
+
+
+def test_within_vanishes_on_rollback(
+    journal: PostgresCommitJournal, pg_available: str, pg_schema: str
+) -> None:
+    """When the foreign transaction rolls back, the journal write and its history vanish."""
+    entry = _prepared(journal)
+    rows_before = journal.history(entry.operation_id)
+    with psycopg.connect(pg_available, autocommit=True) as target:
+        target.execute(f'CREATE TABLE "{pg_schema}".orders (id int PRIMARY KEY)')
+
+        def load_then_fail() -> None:
+            with target.transaction():
+                target.execute(f'INSERT INTO "{pg_schema}".orders VALUES (1)')
+                _within(journal, target, entry)
+                raise RuntimeError("target failed after the journal write")
+
+        with pytest.raises(RuntimeError, match="target failed"):
+            load_then_fail()
+        count = target.execute(f'SELECT count(*) FROM "{pg_schema}".orders').fetchone()
+        assert count == (0,)
+    assert journal.get(entry.operation_id) == entry
+    assert journal.history(entry.operation_id) == rows_before
+
+
+def test_within_conflict_raises_and_the_caller_rolls_back(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """A stale version inside the foreign transaction is JournalConflict with the current one."""
+    entry = _prepared(journal)
+    with psycopg.connect(pg_available, autocommit=True) as target:
+        with pytest.raises(JournalConflict) as info, target.transaction():
+            _within(journal, target, entry, version=entry.version - 1)
+        assert info.value.current_version == entry.version
+        assert info.value.current_state == S.PREPARED.value
+    assert journal.get(entry.operation_id) == entry
+
+
+def test_within_refuses_wrong_connections(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """Not a psycopg connection, no open transaction, another database: refused, nothing written."""
+    entry = _prepared(journal)
+    with pytest.raises(TypeError):
+        _within(journal, object(), entry)
+    with psycopg.connect(pg_available, autocommit=True) as idle, pytest.raises(ValueError):
+        _within(journal, idle, entry)  # autocommit outside a transaction would commit alone
+    other_db = psycopg.conninfo.make_conninfo(pg_available, dbname="postgres")
+    with (
+        psycopg.connect(other_db, autocommit=True) as elsewhere,
+        pytest.raises(ValueError, match="another database"),
+        elsewhere.transaction(),
+    ):
+        _within(journal, elsewhere, entry)
+    assert journal.get(entry.operation_id) == entry
+
+
+def test_within_lock_wait_is_bounded_by_the_target_transaction(
+    journal: PostgresCommitJournal, pg_available: str, pg_schema: str
+) -> None:
+    """A journal row locked elsewhere makes the in-transaction CAS JournalUnavailable, not raw."""
+    entry = _prepared(journal)
+    with (
+        psycopg.connect(pg_available, autocommit=True) as holder,
+        psycopg.connect(pg_available, autocommit=True) as target,
+    ):
+        with holder.transaction():
+            holder.execute(
+                f'SELECT 1 FROM "{pg_schema}".dpone_journal WHERE operation_id = %s FOR UPDATE',
+                (entry.operation_id,),
+            )
+
+            def cas_in_target() -> None:
+                with target.transaction():
+                    target.execute("SET LOCAL lock_timeout = '150ms'")
+                    _within(journal, target, entry)
+
+            with pytest.raises(JournalUnavailable) as info:
+                cas_in_target()
+        _assert_safe(info.value, pg_available)
+        assert "lock" in str(info.value)
+    assert journal.get(entry.operation_id) == entry
+
+
+# ---------------------------------------------------------------------- outages
+def test_unreachable_server_is_journal_unavailable_quickly(pg_schema: str) -> None:
+    """A closed port fails each call fast: JournalUnavailable, no secret, SQL or driver error."""
+    dsn = f"postgresql://dpone:{CANARY}@127.0.0.1:1/test"
+    journal = PostgresCommitJournal(dsn, schema=pg_schema, connect_timeout_s=2.0)  # no I/O
+    try:
+        assert CANARY not in repr(journal)
+        assert journal.locator == "postgresql://127.0.0.1:1/test"
+        calls = [
+            lambda: journal.get(new_operation_id()),
+            lambda: create(journal),
+            journal.list_entries,
+            journal.now,
+            journal.migrate,
+        ]
+        for call in calls:
+            started = time.monotonic()
+            with pytest.raises(JournalUnavailable) as info:
+                call()
+            assert time.monotonic() - started < 2.0
+            _assert_safe(info.value, CANARY, dsn, "dpone:")
+            assert "refused" in str(info.value) or "unreachable" in str(info.value)
+    finally:
+        journal.close()
+
+
+def test_silent_server_is_bounded_by_the_connect_timeout(pg_schema: str) -> None:
+    """A server that accepts TCP but never answers fails after the connect timeout, not later."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        dsn = f"postgresql://dpone:{CANARY}@127.0.0.1:{port}/test"
+        with PostgresCommitJournal(dsn, schema=pg_schema, connect_timeout_s=2.0) as journal:
+            started = time.monotonic()
+            with pytest.raises(JournalUnavailable) as info:
+                journal.get(new_operation_id())
+            elapsed = time.monotonic() - started
+    assert 1.5 <= elapsed < 4.0, elapsed
+    _assert_safe(info.value, CANARY, dsn)
+
+
+def test_locked_row_is_journal_unavailable_after_lock_timeout(
+    pg_available: str, pg_schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    """A row held by another transaction makes CAS wait lock_timeout_s, then JournalUnavailable."""
+    with PostgresCommitJournal(pg_available, schema=pg_schema, lock_timeout_s=0.3) as journal:
+        entry = leased(journal)
+        with admin.transaction():
+            admin.execute(
+                f'SELECT 1 FROM "{pg_schema}".dpone_journal WHERE operation_id = %s FOR UPDATE',
+                (entry.operation_id,),
+            )
+            started = time.monotonic()
+            with pytest.raises(JournalUnavailable) as info:
+                journal.compare_and_set(
+                    operation_id=entry.operation_id,
+                    expected_version=entry.version,
+                    expected_states=frozenset({S.PREPARING}),
+                    next_state=S.PREPARED,
+                    lease_epoch=entry.lease_epoch,
+                    actor=ACTOR,
+                )
+            elapsed = time.monotonic() - started
+        assert 0.25 <= elapsed < 2.0, elapsed
+        _assert_safe(info.value, pg_available)
+        assert "lock_timeout" in str(info.value)
+        assert journal.get(entry.operation_id) == entry  # nothing decided, the pool is fine
+
+
+def test_terminated_pooled_connection_is_replaced(
+    pg_available: str, pg_schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    """Pooled sessions killed server-side: a read repeats on a fresh one; a CAS is never resent."""
+    app = f"dpone-test-{uuid.uuid4().hex[:8]}"
+    dsn = psycopg.conninfo.make_conninfo(pg_available, application_name=app)
+    with PostgresCommitJournal(dsn, schema=pg_schema) as journal:
+        entry = leased(journal)
+
+        def kill() -> int:
+            row = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (app,),
+            ).fetchone()
+            time.sleep(0.2)  # termination is asynchronous
+            return int(row[0]) if row else 0
+
+        assert kill() >= 1
+        assert journal.get(entry.operation_id) == entry  # repeated on a new connection
+        assert kill() >= 1
+        with pytest.raises(JournalUnavailable) as info:
+            journal.compare_and_set(
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                expected_states=frozenset({S.PREPARING}),
+                next_state=S.PREPARED,
+                lease_epoch=entry.lease_epoch,
+                actor=ACTOR,
+            )
+        _assert_safe(info.value, pg_available)
+        assert journal.get(entry.operation_id) == entry, "the lost CAS did not commit"
+        moved = journal.compare_and_set(
+            operation_id=entry.operation_id,
+            expected_version=entry.version,
+            expected_states=frozenset({S.PREPARING}),
+            next_state=S.PREPARED,
+            lease_epoch=entry.lease_epoch,
+            actor=ACTOR,
+        )
+        assert moved.version == entry.version + 1
+
+
+def test_closed_journal_is_unavailable(journal: PostgresCommitJournal) -> None:
+    """After close(), calls raise JournalUnavailable; close() stays idempotent."""
+    create(journal)
+    journal.close()
+    journal.close()
+    with pytest.raises(JournalUnavailable, match="closed"):
+        journal.get(new_operation_id())
+
+
+# ---------------------------------------------------------------------- server clock
+def test_lease_expiry_is_judged_by_the_server_clock(
+    journal: PostgresCommitJournal, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases follow PostgreSQL's clock: a wildly wrong local clock changes no decision."""
+    server = admin.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert server is not None
+    assert abs(journal.now() - float(server[0])) < 1.0
+    real = time.time
+    live = leased(journal, ttl=60.0)
+    short = leased(journal, ttl=0.3)
+    assert live.lease_expires_at == pytest.approx(live.updated_at + 60.0, abs=1e-5)
+
+    # The local clock runs an hour ahead: the live lease still holds.
+    monkeypatch.setattr(time, "time", lambda: real() + 3600.0)
+    with pytest.raises(LeaseHeld) as info:
+        journal.acquire_lease(operation_id=live.operation_id, owner=OWNER_B, ttl_seconds=60.0)
+    assert info.value.lease_expires_in is not None
+    assert 55.0 < info.value.lease_expires_in <= 60.0
+
+    # The local clock runs an hour behind: the short lease still expires on time.
+    monkeypatch.setattr(time, "time", lambda: real() - 3600.0)
+    with pytest.raises(LeaseHeld):
+        journal.acquire_lease(operation_id=short.operation_id, owner=OWNER_B, ttl_seconds=60.0)
+    time.sleep(0.45)
+    taken = journal.acquire_lease(operation_id=short.operation_id, owner=OWNER_B, ttl_seconds=60.0)
+    assert (taken.lease_owner, taken.lease_epoch) == (OWNER_B, short.lease_epoch + 1)
+    assert taken.lease_expires_at is not None
+    assert abs(taken.lease_expires_at - real() - 60.0) < 2.0
+
+
+# ---------------------------------------------------------------------- history rows
+def test_history_rows_match_the_shared_rules(journal: PostgresCommitJournal) -> None:
+    """Create and lease rows written by SQL equal _rules.create_row / _rules.lease_row exactly."""
+    entry = create(journal)
+    [created] = journal.history(entry.operation_id)
+    assert created == _rules.create_row(entry, actor=ACTOR)
+    granted = journal.acquire_lease(
+        operation_id=entry.operation_id, owner=OWNER_A, ttl_seconds=30.0
+    )
+    assert journal.history(entry.operation_id)[-1] == _rules.lease_row(granted)
+
+
+# ---------------------------------------------------------------------- locators
+@pytest.mark.parametrize(
+    ("dsn", "locator"),
+    [
+        ("postgres://u:secret@LocalHost/test", "postgresql://localhost:5432/test"),
+        ("postgresql://db.example.COM:6543/orders", "postgresql://db.example.com:6543/orders"),
+        (
+            "host=127.0.0.1 port=5432 dbname=test user=u password=x",
+            "postgresql://127.0.0.1:5432/test",
+        ),
+    ],
+)
+def test_locator_has_no_credentials_and_is_normalized(dsn: str, locator: str) -> None:
+    """The locator is postgresql://host:port/db for any DSN form; shares_database_with agrees."""
+    journal = PostgresCommitJournal(dsn)  # no I/O
+    assert journal.locator == locator
+    assert journal.shares_database_with(locator)
+    assert journal.shares_database_with(locator.replace("postgresql://", "postgres://"))
+    assert not journal.shares_database_with(locator + "_other")
+    assert not journal.shares_database_with("sqlite:/tmp/x.db")
+    assert "secret" not in repr(journal)
+    journal.close()
+
+
+# ---------------------------------------------------------------------- fork
+def test_forked_child_opens_its_own_pool(journal: PostgresCommitJournal) -> None:
+    """A forked child uses new connections and leaves the parent's sessions working."""
+    entry = create(journal)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        code = 1
+        try:
+            seen = journal.get(entry.operation_id)
+            child = create(journal)
+            ok = seen == entry and journal.get(child.operation_id) == child
+            os.write(write, json.dumps({"ok": ok, "op": child.operation_id}).encode())
+            journal.close()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report["ok"] is True
+    # the parent's pooled session survived the child (nothing closed it from there)
+    assert journal.get(entry.operation_id) == entry
+    assert journal.get(report["op"]) is not None
+
+
+def test_heartbeat_threads_share_the_pool(journal: PostgresCommitJournal) -> None:
+    """Many threads at once stay within pool_max connections and all succeed."""
+    entry = leased(journal, ttl=30.0)
+    errors: list[BaseException] = []
+
+    def beat() -> None:
+        try:
+            for _ in range(20):
+                journal.renew_lease(
+                    operation_id=entry.operation_id,
+                    owner=OWNER_A,
+                    lease_epoch=entry.lease_epoch,
+                    ttl_seconds=30.0,
+                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=beat) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+
+
+# ---------------------------------------------------------------------- scale
+def _plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(plan, dict):
+        yield plan
+        for child in plan.get("Plans", []):
+            yield from _plan_nodes(child)
+    elif isinstance(plan, list):
+        for item in plan:
+            yield from _plan_nodes(item.get("Plan", item))
+
+
+def test_list_by_state_stays_fast_with_a_million_entries(
+    journal: PostgresCommitJournal, admin: psycopg.Connection[Any], pg_schema: str
+) -> None:
+    """1M entries: list_entries by state uses (state, updated_at DESC) and answers in < 50 ms."""
+    journal.migrate()
+    states = [s.value for s in S]
+    with admin.transaction():
+        admin.execute("SET LOCAL synchronous_commit = off")
+        # 1% COMMITTING, 1% COMMIT_UNKNOWN, the rest COMPLETE: a realistic skew.
+        admin.execute(
+            f"""
+            INSERT INTO "{pg_schema}".dpone_journal (operation_id, intent_digest, state,
+                version, lease_epoch, metadata, created_at, updated_at)
+            SELECT 'sha256:' || lpad(to_hex(g), 64, '0'), %(digest)s,
+                   CASE WHEN g % 100 = 0 THEN 'COMMITTING'
+                        WHEN g % 100 = 1 THEN 'COMMIT_UNKNOWN'
+                        ELSE 'COMPLETE' END,
+                   3, 1, '{{}}', ts, ts
+            FROM generate_series(1, 1000000) AS g,
+                 LATERAL (SELECT now() - make_interval(secs => g / 100.0) AS ts) AS x
+            """.replace("%", "%%").replace("%%(digest)s", "%(digest)s"),
+            {"digest": DIGEST},
+        )
+    admin.execute(f'ANALYZE "{pg_schema}".dpone_journal')
+    cases: list[frozenset[S] | None] = [
+        frozenset({S.COMMITTING}),
+        frozenset({S.COMMITTING, S.COMMIT_UNKNOWN}),
+        None,
+    ]
+    for wanted in cases:
+        params = {
+            "states": states if wanted is None else sorted(s.value for s in wanted),
+            "before": None,
+            "limit": 100,
+        }
+        row = admin.execute("EXPLAIN (FORMAT JSON) " + journal._sql.list_entries, params).fetchone()
+        assert row is not None
+        plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+        nodes = list(_plan_nodes(plan))
+        assert any(n.get("Index Name") == "dpone_journal_state_updated" for n in nodes), plan
+        assert not any(
+            n.get("Node Type") == "Seq Scan" and n.get("Relation Name") == "dpone_journal"
+            for n in nodes
+        ), plan
+        timings = []
+        for _ in range(5):
+            started = time.perf_counter()
+            found = journal.list_entries(states=wanted, limit=100)
+            timings.append(time.perf_counter() - started)
+        assert len(found) == 100
+        assert [e.updated_at for e in found] == sorted((e.updated_at for e in found), reverse=True)
+        assert wanted is None or {e.state for e in found} <= wanted
+        assert statistics.median(timings) < 0.050, timings
+    # an old cutoff is a range condition on the index too, not a scan from the newest row
+    cutoff = journal.now() - 5000.0
+    started = time.perf_counter()
+    old = journal.list_entries(states=frozenset({S.COMPLETE}), updated_before=cutoff, limit=10)
+    assert time.perf_counter() - started < 0.050
+    assert len(old) == 10
+    assert all(e.updated_at < cutoff for e in old)
