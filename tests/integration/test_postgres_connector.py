@@ -698,6 +698,33 @@ def test_within_raising_rolls_back_its_own_writes_too(target: Target) -> None:
     assert target.query("SELECT id FROM items") == [(2,)]
 
 
+def test_within_swallowing_a_failed_statement_commits_nothing(target: Target) -> None:
+    """within() hiding a failed statement leaves an aborted transaction: refused, 0 rows."""
+    connector = target.connector()
+
+    def journal_write(txn: object) -> None:
+        assert isinstance(txn, psycopg.Connection)
+        try:
+            txn.execute("SELECT 1/0")
+        except psycopg.Error:
+            pass  # a buggy caller hides the error; COMMIT would silently roll back
+
+    op, intent = _op()
+    connector.prepare(operation_id=op, intent_digest=intent, epoch=1)
+    with pytest.raises(TargetWriteFailed, match="aborted"):
+        connector.mutate(
+            operation_id=op,
+            intent_digest=intent,
+            epoch=1,
+            plan=target.plan(),
+            batches=[[(1, "a", 1.0)]],
+            content_digest="d",
+            within=journal_write,
+        )
+    assert target.query("SELECT to_regclass('items') IS NULL") == [(True,)]
+    assert connector.observe(operation_id=op).status is FenceStatus.PREPARED
+
+
 # ----------------------------------------------------------------- error translation
 
 

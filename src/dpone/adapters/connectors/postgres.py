@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from dpone.adapters._pg import describe, pg_locator, translate
 from dpone.contracts.fence import (
@@ -697,7 +698,7 @@ class PostgresConnector:
         if conn is None:
             return
         status = conn.info.transaction_status
-        if conn.closed or conn.broken or status is not psycopg.pq.TransactionStatus.IDLE:
+        if conn.closed or conn.broken or status is not TransactionStatus.IDLE:
             self._conn = None
             try:
                 conn.close()
@@ -846,6 +847,14 @@ class PostgresConnector:
                     )
                 if within is not None:
                     within(conn)
+                if conn.info.transaction_status is not TransactionStatus.INTRANS:
+                    # A failed statement whose error was swallowed (in within) leaves the
+                    # transaction aborted: COMMIT would silently roll back. Say so.
+                    raise TargetWriteFailed(
+                        "the transaction was aborted by a failed statement before commit; "
+                        "nothing was written",
+                        operation_id=operation_id,
+                    )
         return MutationReport(row_count=count, content_digest=content_digest)
 
     def _lock_fence(
