@@ -131,22 +131,18 @@ def test_kill_at_every_failpoint_then_rerun_writes_exactly_once(
 FIRST_ATTEMPT = {
     "forward": [
         "after:journal.create",
-        "after:lease.acquire",
-        "after:fence.prepare",
         "before:COMMITTING",
         "after:COMMITTING",
         "before:fence.mutate",
         "fence.mutate.before_commit",
         "after:fence.mutate",
+        "before:fence.observe",
         "after:fence.observe",
         "before:COMPLETE",
         "after:COMPLETE",
-        "before:lease.release",
     ],
     "atomic": [
         "after:journal.create",
-        "after:lease.acquire",
-        "after:fence.prepare",
         "before:fence.mutate",
         "fence.mutate.before_commit",
         "before:COMPLETE",
@@ -187,13 +183,45 @@ def test_kill_during_resume_then_rerun_writes_exactly_once(
 
 def test_resume_path_points_are_really_reached(tmp_path: Path) -> None:
     """Seal and the PREPARED step are met by a resume after a crash in COMMITTING."""
-    for i, point in enumerate(["before:fence.seal", "after:fence.seal", "after:PREPARED"]):
+    resume_points = [
+        "after:lease.acquire",
+        "before:fence.seal",
+        "after:fence.seal",
+        "after:PREPARED",
+    ]
+    for i, point in enumerate(resume_points):
         root = tmp_path / str(i)
         root.mkdir()
         make_workload(root, "forward", rows=50)
         assert run_dpone(RUN, cwd=root, failpoints="after:COMMITTING=kill").returncode == KILLED
         proc = run_dpone(RUN, cwd=root, failpoints=f"{point}=kill")
         assert proc.returncode == KILLED, f"{point} was not reached ({proc.returncode})"
+
+
+# Kill in the states only a failure leads to: raise at one point, SIGKILL at the next.
+DETOURS = [
+    ("before:COMPLETE=raise@1", "after:TARGET_COMMITTED"),
+    ("before:COMPLETE=raise", "before:COMMITTED_INCOMPLETE"),
+    ("before:COMPLETE=raise", "after:COMMITTED_INCOMPLETE"),
+    ("fence.mutate.before_commit=raise", "after:PREPARED"),
+    ("fence.mutate.before_commit=raise", "before:FAILED_PRE_COMMIT"),
+    ("fence.mutate.before_commit=raise", "after:FAILED_PRE_COMMIT"),
+]
+
+
+@pytest.mark.parametrize(("fault", "point"), DETOURS)
+def test_kill_in_failure_states_then_rerun_writes_exactly_once(
+    tmp_path: Path, fault: str, point: str
+) -> None:
+    """TARGET_COMMITTED, COMMITTED_INCOMPLETE, PREPARED, FAILED_PRE_COMMIT: killed there too."""
+    make_workload(tmp_path, "forward")
+    first = run_dpone(RUN, cwd=tmp_path, failpoints=f"{fault};{point}=kill")
+    assert first.returncode == KILLED, (point, first.returncode, first.stderr)
+    again = run_dpone(RUN, cwd=tmp_path, failpoints="after:PREPARING=kill")
+    assert again.returncode in (KILLED, 0), again.stderr
+    outcome = run_until_done(RUN, cwd=tmp_path)
+    assert outcome.final == 0, outcome.last_stderr
+    assert_exactly_once(tmp_path, "forward")
 
 
 NONE_WORKLOAD = """\
@@ -237,7 +265,7 @@ def test_capability_none_kill_before_committing_retries_normally(tmp_path: Path)
     """Before COMMITTING nothing was written, so even a none route retries and writes once."""
     write_orders_csv(tmp_path / "orders.csv", 300)
     (tmp_path / "w.yaml").write_text(NONE_WORKLOAD, encoding="utf-8")
-    assert run_dpone(RUN, cwd=tmp_path, failpoints="after:fence.prepare=kill").returncode == KILLED
+    assert run_dpone(RUN, cwd=tmp_path, failpoints="after:journal.create=kill").returncode == KILLED
     assert run_until_done(RUN, cwd=tmp_path).final == 0
     assert lines(tmp_path / "out" / "events.jsonl") == 300
 
@@ -253,7 +281,8 @@ def test_two_processes_on_one_operation_mutate_once(tmp_path: Path, mode: str) -
         codes = sorted(p.wait(timeout=120) for p in procs)
         for p in procs:
             p.communicate()
-        assert set(codes) <= {0, 5}, codes
+        # 5: the other held the lease; 75: a bounded lock wait ran out under load (retryable)
+        assert set(codes) <= {0, 5, 75}, codes
         assert 0 in codes
         outcome = run_until_done(RUN, cwd=root)
         assert outcome.final == 0

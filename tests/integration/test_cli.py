@@ -322,3 +322,87 @@ def test_canary_secrets_never_leak(tmp_path: Path) -> None:
     for f in tmp_path.iterdir():
         if f.suffix in (".db", ".db-wal") or f.name.endswith("-wal"):
             assert CANARY.encode() not in f.read_bytes(), f.name
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file under root with its content hash (-wal and -shm files included)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_looking_never_writes_journal_or_target(tmp_path: Path) -> None:
+    """inspect, plan, journal list/history change no byte of journal or target, create no file."""
+    write(tmp_path, GOOD)
+    assert run_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=kill").returncode == -9
+    [entry] = json.loads(
+        run_dpone(("journal", "list", "-w", "w.yaml", "--json"), cwd=tmp_path).stdout
+    )
+    op = entry["operation_id"]
+    with closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+        db.execute("PRAGMA journal_mode=DELETE")  # a reader must not turn it back into WAL
+    before = _tree(tmp_path)
+    for args in (
+        ("recovery", "target-commit", "inspect", "--operation-id", op, "-w", "w.yaml"),
+        ("recovery", "target-commit", "plan", "--operation-id", op, "-w", "w.yaml", "--json"),
+        ("journal", "list", "-w", "w.yaml"),
+        ("journal", "history", op, "-w", "w.yaml", "--json"),
+    ):
+        proc = run_dpone(args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert _tree(tmp_path) == before
+
+
+def test_looking_at_a_journal_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    """journal list in an empty directory lists nothing and leaves the directory empty."""
+    proc = run_dpone(("journal", "list", "--json"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["garbage", "sha256:xyz", "x password=hunter2"])
+def test_malformed_operation_ids_are_exit_2_and_never_echoed(tmp_path: Path, bad: str) -> None:
+    """A malformed --operation-id is a usage error; the value is not printed back."""
+    write(tmp_path, GOOD)
+    for args in (
+        ("recovery", "target-commit", "inspect", "--operation-id", bad, "-w", "w.yaml", "--json"),
+        ("journal", "history", bad, "-w", "w.yaml"),
+    ):
+        proc = run_dpone(args, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert "DPONE_CONFIG_INVALID" in proc.stdout + proc.stderr
+        assert bad not in proc.stdout + proc.stderr
+
+
+def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
+    """Brackets in messages are text, not terminal markup: no traceback, nothing lost."""
+    write(tmp_path, {**GOOD, "[/x]": 1, "load": {"strategy": "merge"}})
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "[/x]" in proc.stderr
+    assert "key: [column, ...]" in proc.stderr
+
+
+def test_a_directory_as_target_or_journal_is_a_config_error(tmp_path: Path) -> None:
+    """Pointing a URL at a directory is a permanent mistake (exit 2), not a retryable one."""
+    (tmp_path / "wh").mkdir()
+    write(tmp_path, {**GOOD, "target": {"kind": "sqlite", "url": "sqlite:///wh", "table": "t"}})
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    write(tmp_path, {**GOOD, "journal": "sqlite:///wh"})
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+
+
+def test_none_route_source_error_shows_its_cause(tmp_path: Path) -> None:
+    """On a route that cannot prove anything the COMMIT_UNKNOWN message names the real cause."""
+    write(tmp_path, NONE_ROUTE)
+    with (tmp_path / "orders.csv").open("a", encoding="utf-8") as fh:
+        fh.write("1,2\n")
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "DPONE_SOURCE_INVALID" in proc.stderr

@@ -36,9 +36,9 @@ def test_nth_hit() -> None:
 
 def test_sleep_action_sleeps() -> None:
     """sleep(S) delays the caller."""
-    failpoints.configure("after:fence.prepare=sleep(0.05)")
+    failpoints.configure("before:fence.observe=sleep(0.05)")
     started = time.monotonic()
-    failpoints.hit("after:fence.prepare")
+    failpoints.hit("before:fence.observe")
     assert time.monotonic() - started >= 0.05
 
 

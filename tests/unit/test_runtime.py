@@ -129,8 +129,6 @@ def test_intent_conflict_before_any_target_io(world: World) -> None:
     ("point", "left_in"),
     [
         ("after:journal.create", S.PREPARING),
-        ("after:lease.acquire", S.PREPARING),
-        ("after:fence.prepare", S.FAILED_PRE_COMMIT),
         ("after:COMMITTING", S.COMMITTING),
         ("before:fence.mutate", S.COMMITTING),
         ("after:fence.mutate", S.COMMITTING),

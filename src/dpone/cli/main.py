@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from dpone.contracts.states import CommitState
 from dpone.errors import (
@@ -142,13 +143,17 @@ def _fail(exc: DponeError, *, as_json: bool) -> NoReturn:
     if as_json:
         out.print_json(json.dumps({"error": exc.attrs(), "exit_code": code}))
     else:
-        err.print(f"[bold red]error[/] {exc.code.value}: {exc.message}", highlight=False)
+        err.print("error", style="bold red", end=" ")
+        err.print(f"{exc.code.value}: {exc.message}", markup=False, highlight=False)
         if exc.hint:
             err.print(f"  fix: {exc.hint}", markup=False)
         if exc.recovery_ref:
             err.print(f"  next: {exc.recovery_ref}", markup=False)
         if exc.operation_id:
-            state = f" (state {exc.state}, version {exc.journal_version})" if exc.state else ""
+            where = [f"state {exc.state}"] if exc.state else []
+            if exc.journal_version is not None:
+                where.append(f"version {exc.journal_version}")
+            state = f" ({', '.join(where)})" if where else ""
             err.print(f"  operation: {exc.operation_id}{state}", markup=False)
     raise typer.Exit(code)
 
@@ -200,7 +205,8 @@ def run(
     if result.resumed and not result.replayed:
         note = " (resumed an earlier attempt)"
     out.print(
-        f"{result.state.value} {result.operation_id} rows={result.rows_written} "
+        f"{result.state.value} {result.operation_id} "
+        f"rows={'unknown' if result.rows_written is None else result.rows_written} "
         f"mode={result.mode.value} version={result.journal_version}{note}",
         markup=False,
     )
@@ -223,15 +229,23 @@ def _progress(enabled: bool) -> Iterator[Callable[[int], None] | None]:
 
 
 # ------------------------------------------------------------------ journal
-def _journal_url(workload: Path | None, journal: str | None) -> tuple[str, Path]:
+def _open_journal(workload: Path | None, journal: str | None, *, read_only: bool = True) -> Any:
+    from dpone.config.bootstrap import open_journal
+
     if journal:
-        return journal, Path.cwd()
+        return open_journal(journal, base_dir=Path.cwd(), read_only=read_only)
     if workload is not None:
         from dpone.config.workload import load_workload
 
         spec = load_workload(workload)
-        return spec.journal_url(), spec.base_dir
-    return os.environ.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db", Path.cwd()
+        return open_journal(
+            spec.journal_url(),
+            base_dir=spec.base_dir,
+            schema=spec.journal_schema,
+            read_only=read_only,
+        )
+    url = os.environ.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
+    return open_journal(url, base_dir=Path.cwd(), read_only=read_only)
 
 
 WorkloadOpt = Annotated[
@@ -259,6 +273,11 @@ def _entry_json(entry: Any) -> dict[str, Any]:
     }
 
 
+def _cells(*values: str) -> list[Text]:
+    """Table cells as plain text: stored values are never read as rich markup."""
+    return [Text(v) for v in values]
+
+
 def _ts(value: float | None) -> str:
     if value is None:
         return "-"
@@ -276,11 +295,8 @@ def journal_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List operations, newest first."""
-    from dpone.config.bootstrap import open_journal
-
     with _boundary(as_json):
-        url, base = _journal_url(workload, journal)
-        store = open_journal(url, base_dir=base)
+        store = _open_journal(workload, journal)
         try:
             entries = store.list_entries(states=frozenset(state) if state else None, limit=limit)
         finally:
@@ -288,17 +304,21 @@ def journal_list(
     if as_json:
         _emit_json([_entry_json(e) for e in entries])
         return
-    table = Table("operation_id", "state", "version", "workload", "interval", "rows", "updated")
+    table = Table("state", "version", "workload", "interval", "rows", "updated")
+    # the full id, never cut: operators copy it into recovery commands
+    table.add_column("operation_id", no_wrap=True, min_width=71)
     for e in entries:
         rows = (e.result or {}).get("rows_written", "")
         table.add_row(
-            e.operation_id,
-            e.state.value,
-            str(e.version),
-            str(e.metadata.get("workload_id", "")),
-            str(e.metadata.get("interval", "")),
-            str(rows),
-            _ts(e.updated_at),
+            *_cells(
+                e.state.value,
+                str(e.version),
+                str(e.metadata.get("workload_id", "")),
+                str(e.metadata.get("interval", "")),
+                str(rows),
+                _ts(e.updated_at),
+                e.operation_id,
+            )
         )
     out.print(table)
     unresolved = [e for e in entries if e.state is CommitState.COMMIT_UNKNOWN]
@@ -318,11 +338,9 @@ def journal_history(
     as_json: JsonOpt = False,
 ) -> None:
     """Show the append-only transition history of one operation."""
-    from dpone.config.bootstrap import open_journal
-
     with _boundary(as_json):
-        url, base = _journal_url(workload, journal)
-        store = open_journal(url, base_dir=base)
+        _checked_operation_id(operation_id)
+        store = _open_journal(workload, journal)
         try:
             rows = store.history(operation_id)
         finally:
@@ -331,6 +349,24 @@ def journal_history(
         _emit_json([_transition_json(t) for t in rows])
         return
     _print_history(rows)
+
+
+@journal_app.command("migrate")
+def journal_migrate(
+    workload: WorkloadOpt = None, journal: JournalOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Create or upgrade the journal's schema (idempotent; runs automatically where safe)."""
+    with _boundary(as_json):
+        store = _open_journal(workload, journal, read_only=False)
+        try:
+            migrate = getattr(store, "migrate", None)
+            applied = list(migrate()) if migrate is not None else []
+        finally:
+            store.close()
+    if as_json:
+        _emit_json({"applied": applied})
+        return
+    out.print(f"applied schema versions {applied}" if applied else "journal schema is up to date")
 
 
 def _transition_json(t: Any) -> dict[str, Any]:
@@ -351,32 +387,47 @@ def _print_history(rows: list[Any]) -> None:
     table = Table("version", "from", "to", "kind", "epoch", "actor", "at", "evidence")
     for t in rows:
         table.add_row(
-            str(t.version),
-            t.from_state.value if t.from_state else "-",
-            t.to_state.value,
-            t.kind,
-            str(t.lease_epoch),
-            t.actor,
-            _ts(t.at),
-            " ".join(f"{k}={v}" for k, v in t.evidence.items()),
+            *_cells(
+                str(t.version),
+                t.from_state.value if t.from_state else "-",
+                t.to_state.value,
+                t.kind,
+                str(t.lease_epoch),
+                t.actor,
+                _ts(t.at),
+                " ".join(f"{k}={v}" for k, v in t.evidence.items()),
+            )
         )
     out.print(table)
 
 
 # ------------------------------------------------------------------ recovery
-def _recovery_service(workload: Path) -> tuple[Any, Any]:
+def _recovery_service(workload: Path, *, read_only: bool = True) -> tuple[Any, Any]:
     from dpone.config.bootstrap import build_route
     from dpone.config.workload import load_workload
     from dpone.recovery.service import RecoveryService
 
     spec = load_workload(workload)
-    route = build_route(spec)
+    route = build_route(spec, read_only=read_only)
     service = RecoveryService(
         journal=route.journal,
         connector=route.connector,
         authorized_principals=frozenset(spec.recovery.authorized_principals),
     )
     return service, route
+
+
+def _checked_operation_id(value: str) -> str:
+    from dpone.contracts.identity import is_operation_id
+
+    if not is_operation_id(value):
+        # never echo the value: a mistyped argument may hold anything, secrets included
+        raise ConfigInvalid(
+            "the operation id is not of the form sha256:<64 lowercase hex digits>",
+            field="--operation-id",
+            hint="copy it from `dpone journal list` or from the run's output",
+        )
+    return value
 
 
 OperationOpt = Annotated[str, typer.Option("--operation-id", help="sha256:… operation id.")]
@@ -391,6 +442,7 @@ def recovery_inspect(
 ) -> None:
     """Show journal state, history, lease and fence. Writes nothing."""
     with _boundary(as_json):
+        _checked_operation_id(operation_id)
         service, route = _recovery_service(workload)
         try:
             seen = service.inspect(operation_id)
@@ -463,6 +515,7 @@ def recovery_plan(
 ) -> None:
     """Recommend the next step. Writes nothing."""
     with _boundary(as_json):
+        _checked_operation_id(operation_id)
         service, route = _recovery_service(workload)
         try:
             plan = service.plan(operation_id)
@@ -514,6 +567,7 @@ def recovery_apply(
     from dpone.recovery.service import Action
 
     with _boundary(as_json):
+        _checked_operation_id(operation_id)
         try:
             chosen = Action(action)
         except ValueError:
@@ -522,7 +576,7 @@ def recovery_apply(
                 field="--action",
                 hint="use one of: " + ", ".join(a.value for a in Action),
             ) from None
-        service, route = _recovery_service(workload)
+        service, route = _recovery_service(workload, read_only=False)
         try:
             entry = service.apply(
                 operation_id,

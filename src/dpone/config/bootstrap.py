@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import dpone
 from dpone.contracts.identity import (
@@ -31,6 +31,7 @@ from dpone.runtime.commit_protocol import OperationSpec
 from .workload import (
     CsvSourceConfig,
     JsonlAppendTargetConfig,
+    PostgresTargetConfig,
     SqliteTargetConfig,
     Workload,
     resolve_sqlite_url,
@@ -83,8 +84,19 @@ def configure_failpoints(environ: Mapping[str, str] | None = None) -> None:
     failpoints.configure(env.get("DPONE_FAILPOINTS"))
 
 
-def open_journal(url: str, *, base_dir: Path, field_name: str = "journal") -> CommitJournalPort:
-    """Open the journal a URL names: ``sqlite:///path`` or ``memory://``."""
+def open_journal(
+    url: str,
+    *,
+    base_dir: Path,
+    field_name: str = "journal",
+    schema: str = "dpone",
+    read_only: bool = False,
+) -> CommitJournalPort:
+    """Open the journal a URL names: ``sqlite:///path``, ``postgresql://…`` or ``memory://``.
+
+    ``read_only`` is for commands that only look (list, history, inspect, plan): they
+    never create, convert or migrate a journal.
+    """
     if url == "memory://":
         from dpone.adapters.journal.memory import InMemoryCommitJournal
 
@@ -92,12 +104,31 @@ def open_journal(url: str, *, base_dir: Path, field_name: str = "journal") -> Co
     if url.startswith("sqlite:"):
         from dpone.adapters.journal.sqlite import SqliteCommitJournal
 
-        return SqliteCommitJournal(resolve_sqlite_url(url, base_dir=base_dir, field=field_name))
+        return SqliteCommitJournal(
+            resolve_sqlite_url(url, base_dir=base_dir, field=field_name), read_only=read_only
+        )
+    if url.startswith(("postgresql://", "postgres://")):
+        postgres = _postgres_module("journal")
+        return cast(CommitJournalPort, postgres.PostgresCommitJournal(url, schema=schema))
     raise ConfigInvalid(
-        f"{field_name} URL scheme is not supported here",
+        f"{field_name} URL scheme is not supported",
         field=field_name,
-        hint="use sqlite:///path/to/journal.db (PostgreSQL arrives with the postgres extra)",
+        hint="use sqlite:///path/to/journal.db or postgresql://user@host:5432/db",
     )
+
+
+def _postgres_module(role: str) -> Any:
+    import importlib
+
+    name = "journal" if role == "journal" else "connectors"
+    try:
+        return importlib.import_module(f"dpone.adapters.{name}.postgres")
+    except ImportError:
+        raise ConfigInvalid(
+            "PostgreSQL needs the postgres extra (psycopg 3)",
+            field=role,
+            hint="pip install 'dpone[postgres]'",
+        ) from None
 
 
 def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetConnectorPort:
@@ -109,6 +140,17 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
         field_name = "target.url" if target.url is not None else "target.url_env"
         path = resolve_sqlite_url(url, base_dir=workload.base_dir, field=field_name)
         return cast(TargetConnectorPort, SqliteConnector(path, table=target.table))
+    if isinstance(target, PostgresTargetConfig):
+        postgres = _postgres_module("target")
+        return cast(
+            TargetConnectorPort,
+            postgres.PostgresConnector(
+                workload.target_url(dict(environ)),
+                table=target.table,
+                fence_schema=target.fence_schema,
+                lock_timeout_s=target.lock_timeout_seconds,
+            ),
+        )
     if isinstance(target, JsonlAppendTargetConfig):
         from dpone.adapters.connectors.jsonl_append import JsonlAppendConnector
 
@@ -149,10 +191,17 @@ def open_source(workload: Workload, window: Interval, partition: str | None) -> 
     return cast(SourcePort, JsonlSource(path, columns=source.columns))
 
 
-def build_route(workload: Workload, *, environ: Mapping[str, str] | None = None) -> Route:
+def build_route(
+    workload: Workload, *, environ: Mapping[str, str] | None = None, read_only: bool = False
+) -> Route:
     """Open the workload's journal and connector; detect atomic mode."""
     env = os.environ if environ is None else environ
-    journal = open_journal(workload.journal_url(dict(env)), base_dir=workload.base_dir)
+    journal = open_journal(
+        workload.journal_url(dict(env)),
+        base_dir=workload.base_dir,
+        schema=workload.journal_schema,
+        read_only=read_only,
+    )
     try:
         connector = _open_connector(workload, env)
     except BaseException:

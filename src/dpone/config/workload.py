@@ -26,6 +26,7 @@ __all__ = [
     "JsonlAppendTargetConfig",
     "JsonlSourceConfig",
     "LoadConfig",
+    "PostgresTargetConfig",
     "RecoveryPolicy",
     "SqliteTargetConfig",
     "Workload",
@@ -135,6 +136,31 @@ class SqliteTargetConfig(_Model):
         return self
 
 
+class PostgresTargetConfig(_Model):
+    kind: Literal["postgres"]
+    url: str | None = None
+    url_env: str | None = None
+    table: str
+    fence_schema: Identifier = "dpone"
+    lock_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        return _identifier(value, qualified=True)
+
+    @field_validator("fence_schema")
+    @classmethod
+    def _fence_schema(cls, value: str) -> str:
+        return _identifier(value)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> PostgresTargetConfig:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url or url_env")
+        return self
+
+
 class JsonlAppendTargetConfig(_Model):
     kind: Literal["jsonl_append"]
     path: str
@@ -184,14 +210,18 @@ class Workload(_Model):
     deployment: str = Field(min_length=1, max_length=128)
     journal: str | None = None
     journal_env: str | None = None
+    journal_schema: Identifier = "dpone"
     lease_ttl_seconds: float = Field(60.0, gt=0, le=86_400)
     source: Annotated[CsvSourceConfig | JsonlSourceConfig, Field(discriminator="kind")]
-    target: Annotated[SqliteTargetConfig | JsonlAppendTargetConfig, Field(discriminator="kind")]
+    target: Annotated[
+        SqliteTargetConfig | PostgresTargetConfig | JsonlAppendTargetConfig,
+        Field(discriminator="kind"),
+    ]
     load: LoadConfig
     recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
     base_dir: Path = Field(default=Path(), exclude=True)
 
-    @field_validator("workload")
+    @field_validator("workload", "journal_schema")
     @classmethod
     def _workload(cls, value: str) -> str:
         return _identifier(value)
@@ -230,7 +260,7 @@ class Workload(_Model):
         """Return the target URL from ``url`` or the variable ``url_env`` names."""
         env = os.environ if environ is None else environ
         target = self.target
-        if not isinstance(target, SqliteTargetConfig):
+        if not isinstance(target, SqliteTargetConfig | PostgresTargetConfig):
             raise ConfigInvalid("this target has no URL", field="target")
         if target.url is not None:
             return target.url
@@ -240,7 +270,7 @@ class Workload(_Model):
             raise ConfigInvalid(
                 f"target.url_env names {name}, which is not set",
                 field="target.url_env",
-                hint=f"export {name}=sqlite:///path/to/warehouse.db",
+                hint=f"export {name}=<the target's URL>",
             )
         return value
 
@@ -270,8 +300,14 @@ def resolve_sqlite_url(url: str, *, base_dir: Path, field: str) -> Path:
     raw = unquote(parts.path)
     # SQLAlchemy's convention: sqlite:///rel.db is relative, sqlite:////abs.db absolute
     path = Path(raw[1:])
-    path = path if path.is_absolute() else (base_dir / path)
-    return path.resolve()
+    path = (path if path.is_absolute() else (base_dir / path)).resolve()
+    if path.is_dir():
+        raise ConfigInvalid(
+            f"{field} names a directory, not a database file",
+            field=field,
+            hint="end the URL with a file name, e.g. sqlite:///warehouse.db",
+        )
+    return path
 
 
 def _format(error: ValidationError) -> ConfigInvalid:

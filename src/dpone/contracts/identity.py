@@ -39,10 +39,12 @@ _MAX_FIELD = 1024
 _UUID_RE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[14][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", re.IGNORECASE
 )
-_TRY_RE = re.compile(r"(?i)(?:^|[^a-z])(?:try|attempt)[ _-]?(?:number|num|no)?[ _=:#-]*\d+")
+# a try marker needs a separator before the number ("try_number=2", "attempt-3"), so a
+# directory called "try1" or a word like "retry" is not mistaken for one
+_TRY_RE = re.compile(r"(?i)(?:^|[^a-z])(?:try|attempt)(?:[ _-]?(?:number|num|no))?[ _=:#-]+\d+")
 _POD_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[a-z0-9]{8,10}-[a-z0-9]{5}$")
 _NOW_RE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}\.\d+")
-_PID_RE = re.compile(r"(?i)(?:^|[^a-z])pid[ _=:-]*\d+")
+_PID_RE = re.compile(r"(?i)(?:^|[^a-z])pid\s*[=:]\s*\d+")
 
 
 def canonical_json(fields: Mapping[str, object]) -> bytes:
@@ -71,13 +73,18 @@ def _check_stable(name: str, value: str) -> str:
             f"identity field {name!r} must be 1-{_MAX_FIELD} printable characters",
             field=name,
         )
-    for pattern, what in (
+    checks = [
         (_UUID_RE, "a random or time-based UUID"),
-        (_TRY_RE, "a try or attempt number"),
-        (_PID_RE, "a process id"),
-        (_POD_RE, "a Kubernetes pod name"),
         (_NOW_RE, "a current time with sub-second precision"),
-    ):
+    ]
+    if name != "canonical_target_identity":
+        # a target location is a path or URL the user chose; words in it are not markers
+        checks += [
+            (_TRY_RE, "a try or attempt number"),
+            (_PID_RE, "a process id"),
+            (_POD_RE, "a Kubernetes pod name"),
+        ]
+    for pattern, what in checks:
         if pattern.search(value):
             raise UnsafeValue(
                 f"identity field {name!r} looks like {what}; an operation identity must be "

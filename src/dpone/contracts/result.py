@@ -25,7 +25,7 @@ class OperationResult:
     state: CommitState
     journal_version: int
     mode: RunMode
-    rows_written: int
+    rows_written: int | None  # None: not known (a none-route commit an operator confirmed)
     content_digest: str | None
     replayed: bool  # True: already COMPLETE before this call; nothing was written
     resumed: bool  # True: this call finished work an earlier attempt started

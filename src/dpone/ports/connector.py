@@ -71,11 +71,17 @@ class TargetConnectorPort(Protocol):
         batches: Rows,
         content_digest: str,
         within: WithinTransaction | None = None,
+        prepare: bool = False,
     ) -> MutationReport:
         """Apply the rows and mark the fence committed, in one target transaction.
 
         The fence row is locked first and must be PREPARED at ``epoch``; ``within`` runs
         last, inside the transaction (atomic mode journal write, failpoints).
+
+        With ``prepare`` the fence is first raised to ``epoch`` inside the same
+        transaction, exactly as ``prepare`` would (absent -> inserted, lower epoch ->
+        raised; higher epoch or committed -> FencedOut). Doing it under the same lock as
+        the write leaves no window between the two and saves a durability point.
 
         Raises:
             FencedOut: the fence is not PREPARED at ``epoch`` (nothing was written).

@@ -25,8 +25,15 @@ class CommitJournalPort(Protocol):
         intent_digest: str,
         metadata: Mapping[str, object],
         actor: str,
+        lease_owner: str | None = None,
+        lease_ttl_seconds: float | None = None,
     ) -> JournalEntry:
         """Create the entry in PREPARING if absent; otherwise return the existing entry.
+
+        With ``lease_owner`` and ``lease_ttl_seconds`` a newly created entry is born with
+        the lease granted at epoch 1, in the same write (one durability point instead of
+        two; history records a create row and a lease row). An existing entry is returned
+        unchanged and its lease is not touched: acquire it separately.
 
         Raises:
             IntentConflict: the entry exists with another intent digest.
@@ -51,8 +58,11 @@ class CommitJournalPort(Protocol):
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
         audit: AuditRequest | None = None,
+        release_lease: bool = False,
     ) -> JournalEntry:
         """Move the entry to ``next_state`` in one conditional write; version + 1.
+
+        ``release_lease`` also lets the caller's lease expire now, in the same write.
 
         Preconditions: the entry's version, state and lease epoch equal the expected ones.
         Postconditions: one history row per step (several for a fold); the audit record,
@@ -156,6 +166,7 @@ class TransactionalJournalPort(CommitJournalPort, Protocol):
         actor: str,
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
+        release_lease: bool = False,
     ) -> JournalEntry:
         """Like ``compare_and_set`` but on the target's open transaction ``txn``.
 

@@ -82,6 +82,7 @@ class CommitProtocol:
         self._owner = owner
         self._atomic = atomic_journal
         self._on_rows = on_rows
+        self._ended: set[tuple[str, int]] = set()  # (operation, epoch) leases ended by COMPLETE
 
     @property
     def mode(self) -> RunMode:
@@ -100,6 +101,7 @@ class CommitProtocol:
             DponeError: any other failure, typed, with the primary cause preserved.
 
         """
+        held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
         existing = self._journal.get(spec.operation_id)
         if existing is not None:
             self._check_intent(existing, spec)
@@ -116,14 +118,23 @@ class CommitProtocol:
                 intent_digest=spec.intent_digest,
                 metadata=spec.metadata,
                 actor=self._owner,
+                lease_owner=self._owner,
+                lease_ttl_seconds=spec.lease_ttl_seconds,
             )
-            failpoints.hit("after:journal.create")
             self._check_intent(existing, spec)
+            if existing.lease_owner == self._owner and existing.version == 1:
+                held = existing
             self._emit(existing, "intent")
-        resumed = existing.lease_epoch > 0
+            try:
+                failpoints.hit("after:journal.create")
+            except DponeError:
+                if held is not None:
+                    self._release(held)
+                raise
+        resumed = held is None and existing.lease_epoch > 0
         for restart in range(_MAX_RESTARTS):
             try:
-                return self._attempt(spec, resumed=resumed)
+                return self._attempt(spec, resumed=resumed, held=held)
             except LeaseLost:
                 if restart == _MAX_RESTARTS - 1:
                     raise
@@ -132,17 +143,23 @@ class CommitProtocol:
                     extra={"dpone": {"operation_id": spec.operation_id, "event": "restart"}},
                 )
                 resumed = True
+                held = None
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ one attempt
-    def _attempt(self, spec: OperationSpec, *, resumed: bool) -> OperationResult:
-        entry = acquire(
-            self._journal,
-            operation_id=spec.operation_id,
-            owner=self._owner,
-            ttl_seconds=spec.lease_ttl_seconds,
-        )
-        self._emit(entry, "lease")
+    def _attempt(
+        self, spec: OperationSpec, *, resumed: bool, held: JournalEntry | None
+    ) -> OperationResult:
+        if held is not None:
+            entry = held
+        else:
+            entry = acquire(
+                self._journal,
+                operation_id=spec.operation_id,
+                owner=self._owner,
+                ttl_seconds=spec.lease_ttl_seconds,
+            )
+            self._emit(entry, "lease")
         try:
             with LeaseKeeper(
                 self._journal,
@@ -171,33 +188,12 @@ class CommitProtocol:
             entry = self._cas(entry, S.PREPARING, evidence={"reason": "retry"})
         if self._atomic is not None:
             return self._atomic_commit(spec, entry, resumed=resumed)
-        entry = self._prepare(spec, entry)
+        # COMMITTING is durable before the target is touched; the fence is raised to our
+        # epoch inside the write transaction itself (mutate(prepare=True), ADR 0002)
+        entry = self._cas(entry, S.COMMITTING, evidence={"fence_epoch": entry.lease_epoch})
         return self._mutate_and_complete(spec, entry, resumed=resumed)
 
     # ------------------------------------------------------------------ forward recovery
-    def _prepare(self, spec: OperationSpec, entry: JournalEntry) -> JournalEntry:
-        """Raise the fence to the lease epoch, then CAS to COMMITTING (fold from PREPARING)."""
-        try:
-            self._fence_prepare(spec, entry)
-        except DponeError as exc:
-            self._fail_pre_commit(entry, exc)
-            raise
-        return self._cas(entry, S.COMMITTING, evidence={"fence_epoch": entry.lease_epoch})
-
-    def _fence_prepare(self, spec: OperationSpec, entry: JournalEntry) -> None:
-        failpoints.hit("before:fence.prepare")
-        try:
-            observation = self._connector.prepare(
-                operation_id=spec.operation_id,
-                intent_digest=spec.intent_digest,
-                epoch=entry.lease_epoch,
-            )
-        except FencedOut:
-            raise self._stale_or_conflict(entry, "the fence holds a higher epoch") from None
-        failpoints.hit("after:fence.prepare")
-        if observation.status is FenceStatus.COMMITTED:
-            raise self._stale_or_conflict(entry, "the fence reports the mutation committed")
-
     def _mutate_and_complete(
         self, spec: OperationSpec, entry: JournalEntry, *, resumed: bool
     ) -> OperationResult:
@@ -213,6 +209,7 @@ class CommitProtocol:
                 batches=self._rows(spec, tally),
                 content_digest=spec.source_identity,
                 within=_before_commit,
+                prepare=True,
             )
         except FencedOut:
             raise self._stale_or_conflict(entry, "the fence refused the write") from None
@@ -258,7 +255,7 @@ class CommitProtocol:
                 entry = self._cas(entry, S.COMMIT_UNKNOWN, evidence={"error_code": code})
             except DponeError as secondary:
                 self._secondary("could not record COMMIT_UNKNOWN", secondary, entry)
-            raise self._unknown(entry) from primary
+            raise self._unknown(entry, cause=primary) from primary
         fresh: JournalEntry | None = None
         try:
             fresh = acquire(
@@ -382,13 +379,6 @@ class CommitProtocol:
         """Data, fence and the journal's COMPLETE in one target transaction."""
         journal = self._atomic
         assert journal is not None  # noqa: S101 - guarded by the caller
-        try:
-            self._fence_prepare(spec, entry)
-        except (LeaseLost, RecoveryConflict):
-            raise
-        except DponeError as exc:
-            self._fail_pre_commit(entry, exc)
-            raise
         tally = RowTally()
         written: list[JournalEntry] = []
         fence = FenceObservation(
@@ -412,6 +402,7 @@ class CommitProtocol:
                     actor=self._owner,
                     result=self._result_fields(spec, fence, tally),
                     evidence={"mode": RunMode.ATOMIC.value},
+                    release_lease=True,
                 )
             )
 
@@ -425,6 +416,7 @@ class CommitProtocol:
                 batches=self._rows(spec, tally),
                 content_digest=spec.source_identity,
                 within=within,
+                prepare=True,
             )
         except (FencedOut, JournalConflict):
             raise self._stale_or_conflict(entry, "the atomic commit was refused") from None
@@ -435,6 +427,7 @@ class CommitProtocol:
         failpoints.hit("after:fence.mutate")
         failpoints.hit("after:COMPLETE")
         done = written[-1]
+        self._ended.add((done.operation_id, done.lease_epoch))
         self._emit(done, "transition")
         return self._recorded(done, replayed=False, resumed=resumed)
 
@@ -485,6 +478,7 @@ class CommitProtocol:
         result: Mapping[str, object] | None = None,
     ) -> JournalEntry:
         failpoints.hit(f"before:{next_state.value}")
+        final = next_state is S.COMPLETE  # the lease ends with the operation, same write
         new = self._journal.compare_and_set(
             operation_id=entry.operation_id,
             expected_version=entry.version,
@@ -494,7 +488,10 @@ class CommitProtocol:
             actor=self._owner,
             evidence=evidence,
             result=result,
+            release_lease=final,
         )
+        if final:
+            self._ended.add((new.operation_id, new.lease_epoch))
         self._emit(new, "transition")
         failpoints.hit(f"after:{next_state.value}")
         return new
@@ -540,6 +537,8 @@ class CommitProtocol:
         )
 
     def _release(self, entry: JournalEntry) -> None:
+        if (entry.operation_id, entry.lease_epoch) in self._ended:
+            return  # the COMPLETE write already ended this lease
         try:
             failpoints.hit("before:lease.release")
             self._journal.release_lease(
@@ -567,12 +566,13 @@ class CommitProtocol:
     ) -> dict[str, object]:
         rows = tally.rows if tally is not None else observation.row_count
         fields: dict[str, object] = {
-            "rows_written": rows if rows is not None else 0,
             "content_digest": observation.content_digest or spec.source_identity,
             "mode": self.mode.value,
             "fence_epoch": observation.epoch,
             "capability": self._connector.capability.value,
         }
+        if rows is not None:  # unknown after an operator's mark-committed on a none route
+            fields["rows_written"] = rows
         if tally is not None and tally.skipped:
             fields["rows_skipped"] = tally.skipped
         return fields
@@ -589,17 +589,22 @@ class CommitProtocol:
             state=entry.state,
             journal_version=entry.version,
             mode=RunMode(mode) if isinstance(mode, str) else self.mode,
-            rows_written=rows if isinstance(rows, int) else 0,
+            rows_written=rows if isinstance(rows, int) else None,
             content_digest=digest if isinstance(digest, str) else None,
             replayed=replayed,
             resumed=resumed,
             lease_epoch=entry.lease_epoch,
         )
 
-    def _unknown(self, entry: JournalEntry) -> CommitUnknown:
+    def _unknown(self, entry: JournalEntry, *, cause: Exception | None = None) -> CommitUnknown:
+        why = ""
+        if isinstance(cause, DponeError):
+            why = f" (the write failed with {cause.code.value}: {cause.message})"
+        elif cause is not None:
+            why = f" (the write failed with {type(cause).__name__})"
         return CommitUnknown(
-            "the target cannot prove whether this operation's write committed; automatic "
-            "retry is stopped so nothing is written twice",
+            "the target cannot prove whether this operation's write committed"
+            f"{why}; automatic retry is stopped so nothing is written twice",
             operation_id=entry.operation_id,
             state=entry.state.value,
             journal_version=entry.version,

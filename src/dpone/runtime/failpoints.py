@@ -23,8 +23,6 @@ FAILPOINT_NAMES: tuple[str, ...] = (
     "after:journal.create",
     "before:lease.acquire",
     "after:lease.acquire",
-    "before:fence.prepare",
-    "after:fence.prepare",
     "before:PREPARED",
     "after:PREPARED",
     "before:COMMITTING",

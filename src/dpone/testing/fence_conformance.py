@@ -146,6 +146,7 @@ class FenceConformance:
         plan: LoadPlan | None = None,
         within: WithinTransaction | None = None,
         batch_size: int = 2,
+        prepare: bool = False,
     ) -> MutationReport:
         """Call ``mutate`` with ``rows`` split into batches of ``batch_size``."""
         operation_id, intent_digest = operation
@@ -158,6 +159,7 @@ class FenceConformance:
             batches=batches,
             content_digest=_digest(repr(rows)),
             within=within,
+            prepare=prepare,
         )
 
     def load(
@@ -273,6 +275,51 @@ class FenceConformance:
         operation, _ = self.load(connector, [(1, "a", None)], epoch=1)
         with pytest.raises(FencedOut):
             self.mutate(connector, operation, epoch=1, rows=[(2, "b", None)])
+        assert self.count_rows(connector, self.table) == 1
+
+    @needs(_MARKER)
+    def test_mutate_with_prepare_installs_the_fence_in_the_same_transaction(
+        self, connector: TargetConnectorPort
+    ) -> None:
+        """prepare=True: an absent fence is installed at the epoch and committed with the data."""
+        op, intent = self.new_operation()
+        report = self.mutate(
+            connector, (op, intent), epoch=4, rows=[(1, "a", None), (2, "b", None)], prepare=True
+        )
+        assert report.row_count == 2
+        seen = connector.observe(operation_id=op)
+        assert (seen.status, seen.epoch, seen.row_count) == (FenceStatus.COMMITTED, 4, 2)
+        assert self.count_rows(connector, self.table) == 2
+
+    @needs(_MARKER)
+    def test_mutate_with_prepare_raises_a_lower_epoch(self, connector: TargetConnectorPort) -> None:
+        """prepare=True over a fence prepared at a lower epoch raises it and writes."""
+        op, intent = self.new_operation()
+        connector.prepare(operation_id=op, intent_digest=intent, epoch=1)
+        self.mutate(connector, (op, intent), epoch=3, rows=[(1, "a", None)], prepare=True)
+        seen = connector.observe(operation_id=op)
+        assert (seen.status, seen.epoch) == (FenceStatus.COMMITTED, 3)
+
+    @needs(_MARKER)
+    def test_mutate_with_prepare_is_still_fenced_by_a_higher_epoch(
+        self, connector: TargetConnectorPort
+    ) -> None:
+        """prepare=True never lowers a fence: a sealed (higher) epoch still refuses, 0 rows."""
+        op, intent = self.new_operation()
+        connector.seal(operation_id=op, epoch=5)
+        with pytest.raises(FencedOut):
+            self.mutate(connector, (op, intent), epoch=2, rows=[(1, "a", None)], prepare=True)
+        assert self.count_rows(connector, self.table) == 0
+        seen = connector.observe(operation_id=op)
+        assert (seen.status, seen.epoch) == (FenceStatus.PREPARED, 5)
+
+    @needs(_MARKER)
+    def test_mutate_with_prepare_never_writes_twice(self, connector: TargetConnectorPort) -> None:
+        """prepare=True on a committed operation is refused, whatever the epoch: 1 row stays."""
+        operation, _ = self.load(connector, [(1, "a", None)], epoch=1)
+        for epoch in (1, 9):
+            with pytest.raises(FencedOut):
+                self.mutate(connector, operation, epoch=epoch, rows=[(2, "b", None)], prepare=True)
         assert self.count_rows(connector, self.table) == 1
 
     @needs(_MARKER)

@@ -769,6 +769,71 @@ class JournalConformance:
         assert journal.get(old.operation_id) == new
         assert cas(journal, new, S.PREPARED).lease_epoch == new.lease_epoch
 
+    def test_create_with_lease_grants_epoch_one_in_the_same_write(
+        self, journal: CommitJournalPort
+    ) -> None:
+        """A new entry born leased: version 1, epoch 1, history create then lease."""
+        entry = journal.create_intent(
+            operation_id=new_operation_id(),
+            intent_digest=DIGEST,
+            metadata={},
+            actor=ACTOR,
+            lease_owner=OWNER_A,
+            lease_ttl_seconds=LONG_TTL,
+        )
+        assert (entry.version, entry.lease_epoch, entry.lease_owner) == (1, 1, OWNER_A)
+        assert entry.lease_expires_at is not None
+        assert entry.lease_expires_at > journal.now() + LONG_TTL / 2
+        kinds = [(t.kind, t.version, t.seq) for t in journal.history(entry.operation_id)]
+        assert kinds == [("create", 1, 0), ("lease", 1, 1)]
+        with pytest.raises(LeaseHeld):
+            journal.acquire_lease(
+                operation_id=entry.operation_id, owner=OWNER_B, ttl_seconds=LONG_TTL
+            )
+        moved = cas(journal, entry, S.PREPARED)
+        assert moved.version == 2
+
+    def test_create_with_lease_leaves_an_existing_entry_alone(
+        self, journal: CommitJournalPort
+    ) -> None:
+        """On an existing entry the lease arguments change nothing."""
+        entry = create(journal)
+        again = journal.create_intent(
+            operation_id=entry.operation_id,
+            intent_digest=DIGEST,
+            metadata={},
+            actor=ACTOR,
+            lease_owner=OWNER_A,
+            lease_ttl_seconds=LONG_TTL,
+        )
+        assert again == entry
+        assert again.lease_owner is None
+
+    def test_lease_arguments_of_create_go_together(self, journal: CommitJournalPort) -> None:
+        """An owner without a TTL (or the reverse) is refused before any write."""
+        operation_id = new_operation_id()
+        with pytest.raises(ValueError, match="together"):
+            journal.create_intent(
+                operation_id=operation_id,
+                intent_digest=DIGEST,
+                metadata={},
+                actor=ACTOR,
+                lease_owner=OWNER_A,
+            )
+        assert journal.get(operation_id) is None
+
+    def test_cas_can_release_the_lease_in_the_same_write(self, journal: CommitJournalPort) -> None:
+        """release_lease ends the lease with the state change; another owner may acquire."""
+        entry = leased(journal)
+        done = cas(journal, entry, S.PREPARED, release_lease=True)
+        assert done.version == entry.version + 1
+        assert done.lease_owner is None
+        assert done.lease_epoch == entry.lease_epoch
+        taken = journal.acquire_lease(
+            operation_id=entry.operation_id, owner=OWNER_B, ttl_seconds=LONG_TTL
+        )
+        assert taken.lease_epoch == entry.lease_epoch + 1
+
     def test_renew_keeps_version_and_extends_expiry(self, journal: CommitJournalPort) -> None:
         """renew_lease moves the expiry forward and leaves version and epoch alone."""
         entry = leased(journal, ttl=5.0)

@@ -90,17 +90,22 @@ class InMemoryConnector:
 
     def prepare(self, *, operation_id: str, intent_digest: str, epoch: int) -> FenceObservation:
         with self._locked():
-            fence = self._store.fences.get(operation_id)
-            if fence is None:
-                fence = _Fence(intent_digest, epoch, "prepared")
-                self._store.fences[operation_id] = fence
-            elif fence.state == "committed":
-                return _view(fence)
-            elif fence.epoch > epoch:
-                raise FencedOut("the fence holds a higher epoch", operation_id=operation_id)
-            else:
-                fence.epoch = epoch
+            return self._prepare_locked(operation_id, intent_digest, epoch)
+
+    def _prepare_locked(
+        self, operation_id: str, intent_digest: str, epoch: int
+    ) -> FenceObservation:
+        fence = self._store.fences.get(operation_id)
+        if fence is None:
+            fence = _Fence(intent_digest, epoch, "prepared")
+            self._store.fences[operation_id] = fence
+        elif fence.state == "committed":
             return _view(fence)
+        elif fence.epoch > epoch:
+            raise FencedOut("the fence holds a higher epoch", operation_id=operation_id)
+        else:
+            fence.epoch = epoch
+        return _view(fence)
 
     def mutate(
         self,
@@ -112,8 +117,11 @@ class InMemoryConnector:
         batches: Rows,
         content_digest: str,
         within: WithinTransaction | None = None,
+        prepare: bool = False,
     ) -> MutationReport:
         with self._locked():
+            if prepare:
+                self._prepare_locked(operation_id, intent_digest, epoch)
             fence = self._store.fences.get(operation_id)
             if fence is None or fence.state != "prepared" or fence.epoch != epoch:
                 raise FencedOut(

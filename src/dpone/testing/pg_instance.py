@@ -53,7 +53,14 @@ class PrivatePostgres:
         if self._as_root:
             shutil.chown(self.sockets, "postgres", "postgres")
         self._run(
-            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
             "--no-sync",
         )
         with (self.data / "postgresql.conf").open("a", encoding="utf-8") as conf:

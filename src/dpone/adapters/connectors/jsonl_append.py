@@ -108,6 +108,7 @@ class JsonlAppendConnector:
         batches: Rows,
         content_digest: str,
         within: WithinTransaction | None = None,
+        prepare: bool = False,  # nothing to prepare: there is no fence
     ) -> MutationReport:
         """Append the rows, call ``within(None)``, fsync; on an error cut the file back.
 

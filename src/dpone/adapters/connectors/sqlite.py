@@ -390,6 +390,31 @@ def _insert_rows(
     return count
 
 
+def _prepare_in(
+    conn: sqlite3.Connection, operation_id: str, intent_digest: str, epoch: int
+) -> FenceObservation:
+    """Install the fence or raise it to ``epoch`` inside the caller's write transaction."""
+    row = _read_fence(conn, operation_id)
+    if row is None:
+        conn.execute(_FENCE_INSERT, (operation_id, intent_digest, epoch))
+    else:
+        current = _observation(row)
+        if current.status is FenceStatus.COMMITTED:
+            return current
+        if current.epoch is not None and current.epoch > epoch:
+            raise FencedOut(
+                f"the fence is prepared at epoch {current.epoch}, above this "
+                f"executor's epoch {epoch}: its lease is stale",
+                operation_id=operation_id,
+            )
+        conn.execute(
+            f'UPDATE "main"."{FENCE_TABLE}" SET epoch = ?, intent_digest = ? '
+            "WHERE operation_id = ? AND state = 'prepared'",
+            (epoch, intent_digest, operation_id),
+        )
+    return FenceObservation(status=FenceStatus.PREPARED, epoch=epoch, intent_digest=intent_digest)
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     try:
         if conn.in_transaction:
@@ -483,6 +508,20 @@ class SqliteConnector:
         # One connection per thread, kept until close(): closing the last connection of a
         # WAL database checkpoints it, which would cost a few fsyncs on every call.
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None and not write:
+            # A read before any write (recovery inspect/plan): open the file read-only, so
+            # looking never creates, converts (WAL) or checkpoints anything.
+            try:
+                reader = sqlite3.connect(
+                    f"{self._path.as_uri()}?mode=ro", uri=True, timeout=self._lock_timeout_s
+                )
+            except sqlite3.Error as exc:
+                raise self._translate(exc, action, operation_id) from exc
+            try:
+                yield reader
+            finally:
+                reader.close()
+            return
         if conn is None:
             if write:
                 try:
@@ -556,27 +595,7 @@ class SqliteConnector:
         """Install the fence or raise its epoch; never lower it, never touch a committed row."""
 
         def body(conn: sqlite3.Connection) -> FenceObservation:
-            row = _read_fence(conn, operation_id)
-            if row is None:
-                conn.execute(_FENCE_INSERT, (operation_id, intent_digest, epoch))
-            else:
-                current = _observation(row)
-                if current.status is FenceStatus.COMMITTED:
-                    return current
-                if current.epoch is not None and current.epoch > epoch:
-                    raise FencedOut(
-                        f"the fence is prepared at epoch {current.epoch}, above this "
-                        f"executor's epoch {epoch}: its lease is stale",
-                        operation_id=operation_id,
-                    )
-                conn.execute(
-                    f'UPDATE "main"."{FENCE_TABLE}" SET epoch = ?, intent_digest = ? '
-                    "WHERE operation_id = ? AND state = 'prepared'",
-                    (epoch, intent_digest, operation_id),
-                )
-            return FenceObservation(
-                status=FenceStatus.PREPARED, epoch=epoch, intent_digest=intent_digest
-            )
+            return _prepare_in(conn, operation_id, intent_digest, epoch)
 
         return self._write(body, action="prepare", operation_id=operation_id)
 
@@ -590,12 +609,16 @@ class SqliteConnector:
         batches: Rows,
         content_digest: str,
         within: WithinTransaction | None = None,
+        prepare: bool = False,
     ) -> MutationReport:
         """Write the rows and mark the fence committed in one transaction, or nothing."""
         table = self._plan_table(plan)
         create_sql = _create_sql(plan, table)
 
         def body(conn: sqlite3.Connection) -> int:
+            if prepare:
+                # under the same write lock as the data: no window between the two
+                _prepare_in(conn, operation_id, intent_digest, epoch)
             current = _observation(_read_fence(conn, operation_id))
             if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
                 at = f" at epoch {current.epoch}" if current.epoch is not None else ""

@@ -42,6 +42,7 @@ __all__ = [
     "lease_held",
     "lease_is_free",
     "lease_lost",
+    "lease_request",
     "lease_row",
     "not_found",
     "safe_actor",
@@ -251,13 +252,23 @@ def create_row(entry: JournalEntry, *, actor: str) -> Transition:
     )
 
 
-def lease_row(entry: JournalEntry) -> Transition:
+def lease_request(owner: str | None, ttl_seconds: float | None) -> float | None:
+    """Validate a create-with-lease request; return the TTL, or None for no lease."""
+    if owner is None and ttl_seconds is None:
+        return None
+    if owner is None or ttl_seconds is None:
+        raise ValueError("lease_owner and lease_ttl_seconds go together")
+    safe_actor(owner)
+    return check_ttl(ttl_seconds)
+
+
+def lease_row(entry: JournalEntry, *, seq: int = 0) -> Transition:
     """Return the history row recording the lease grant that produced ``entry``."""
     owner = entry.lease_owner or ""
     return Transition(
         operation_id=entry.operation_id,
         version=entry.version,
-        seq=0,
+        seq=seq,
         from_state=entry.state,
         to_state=entry.state,
         kind="lease",

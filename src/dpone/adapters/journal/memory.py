@@ -86,12 +86,15 @@ class InMemoryCommitJournal:
         intent_digest: str,
         metadata: Mapping[str, object],
         actor: str,
+        lease_owner: str | None = None,
+        lease_ttl_seconds: float | None = None,
     ) -> JournalEntry:
-        """Create the entry in PREPARING if absent; otherwise return the existing one."""
+        """Create the entry in PREPARING if absent (leased at epoch 1 when asked)."""
         _rules.check_identity("operation_id", operation_id)
         _rules.check_identity("intent_digest", intent_digest)
         safe_metadata = _rules.safe_values(metadata)
         _rules.safe_actor(actor)
+        ttl = _rules.lease_request(lease_owner, lease_ttl_seconds)
         with self._lock:
             existing = self._entries.get(operation_id)
             if existing is not None:
@@ -104,9 +107,9 @@ class InMemoryCommitJournal:
                 intent_digest=intent_digest,
                 state=CommitState.PREPARING,
                 version=1,
-                lease_owner=None,
-                lease_epoch=0,
-                lease_expires_at=None,
+                lease_owner=lease_owner if ttl is not None else None,
+                lease_epoch=1 if ttl is not None else 0,
+                lease_expires_at=at + ttl if ttl is not None else None,
                 metadata=safe_metadata,
                 result=None,
                 created_at=at,
@@ -114,6 +117,8 @@ class InMemoryCommitJournal:
             )
             self._entries[operation_id] = entry
             self._history[operation_id] = [_rules.create_row(entry, actor=actor)]
+            if ttl is not None:
+                self._history[operation_id].append(_rules.lease_row(entry, seq=1))
             return entry
 
     def compare_and_set(
@@ -128,6 +133,7 @@ class InMemoryCommitJournal:
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
         audit: AuditRequest | None = None,
+        release_lease: bool = False,
     ) -> JournalEntry:
         """Move the entry to ``next_state`` if version, state and epoch match; version + 1."""
         _rules.check_move(
@@ -163,6 +169,8 @@ class InMemoryCommitJournal:
                 result=safe_result if safe_result is not None else current.result,
                 updated_at=at,
             )
+            if release_lease:
+                new = dataclasses.replace(new, lease_owner=None, lease_expires_at=at)
             self._entries[operation_id] = new
             self._history[operation_id].extend(
                 _rules.transition_rows(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,7 +145,9 @@ class SqliteCommitJournal:
         ConfigInvalid: the path is ``:memory:`` or the file has a newer schema.
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout_s: float = 10.0, read_only: bool = False
+    ) -> None:
         if str(path) in ("", ":memory:"):
             raise ConfigInvalid(
                 "the SQLite journal needs a file path; an in-memory database is private "
@@ -160,6 +163,12 @@ class SqliteCommitJournal:
         self._conns_lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
+        # read_only (inspect, plan, list, history): never create, convert or migrate the
+        # file; a journal that does not exist yet reads as empty.
+        self._read_only = read_only
+        self._missing = read_only and not self._path.is_file()
+        if read_only:
+            return
         try:
             with self._guard():
                 self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +205,8 @@ class SqliteCommitJournal:
     # ------------------------------------------------------------------ reads
     def get(self, operation_id: str) -> JournalEntry | None:
         """Return the entry or None; reads see every committed write."""
+        if self._missing:
+            return None
         with self._guard():
             cur = self._connection().cursor()
             return _read_entry(cur, operation_id)
@@ -208,7 +219,7 @@ class SqliteCommitJournal:
         limit: int = 100,
     ) -> list[JournalEntry]:
         """Return entries, newest update first, filtered by state and age."""
-        if states is not None and not states:
+        if (states is not None and not states) or self._missing:
             return []
         clauses: list[str] = []
         params: list[Any] = []
@@ -234,6 +245,8 @@ class SqliteCommitJournal:
 
     def history(self, operation_id: str) -> list[Transition]:
         """Return the append-only transition history in order."""
+        if self._missing:
+            return []
         with self._guard():
             rows = (
                 self._connection()
@@ -248,6 +261,8 @@ class SqliteCommitJournal:
 
     def audit_log(self, operation_id: str | None = None) -> list[AuditRecord]:
         """Return audit records in order, for one operation or all."""
+        if self._missing:
+            return []
         sql = f"SELECT {_AUDIT_COLUMNS} FROM dpone_audit"
         params: tuple[Any, ...] = ()
         if operation_id is not None:
@@ -259,6 +274,8 @@ class SqliteCommitJournal:
 
     def now(self) -> float:
         """Return the journal's clock (SQLite's), seconds since the epoch."""
+        if self._missing:
+            return time.time()  # SQLite's clock is this machine's clock
         with self._guard():
             return _now(self._connection().cursor())
 
@@ -270,23 +287,29 @@ class SqliteCommitJournal:
         intent_digest: str,
         metadata: Mapping[str, object],
         actor: str,
+        lease_owner: str | None = None,
+        lease_ttl_seconds: float | None = None,
     ) -> JournalEntry:
-        """Create the entry in PREPARING if absent; otherwise return the existing one."""
+        """Create the entry in PREPARING if absent (leased at epoch 1 when asked)."""
         _rules.check_identity("operation_id", operation_id)
         _rules.check_identity("intent_digest", intent_digest)
         safe_metadata = _rules.safe_values(metadata)
         _rules.safe_actor(actor)
+        ttl = _rules.lease_request(lease_owner, lease_ttl_seconds)
         with self._guard(), self._write() as cur:
             at = _now(cur)
             rows = cur.execute(
                 "INSERT INTO dpone_journal (operation_id, intent_digest, state, version, "
-                "lease_epoch, metadata, created_at, updated_at) "
-                "VALUES (?, ?, ?, 1, 0, ?, ?, ?) "
+                "lease_owner, lease_epoch, lease_expires_at, metadata, created_at, updated_at) "
+                "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?) "
                 f"ON CONFLICT (operation_id) DO NOTHING RETURNING {_ENTRY_COLUMNS}",
                 (
                     operation_id,
                     intent_digest,
                     CommitState.PREPARING.value,
+                    lease_owner if ttl is not None else None,
+                    1 if ttl is not None else 0,
+                    at + ttl if ttl is not None else None,
                     _rules.encode_mapping(safe_metadata),
                     at,
                     at,
@@ -294,7 +317,10 @@ class SqliteCommitJournal:
             ).fetchall()
             if rows:
                 entry = _entry(rows[0])
-                _insert_transitions(cur, (_rules.create_row(entry, actor=actor),))
+                created = [_rules.create_row(entry, actor=actor)]
+                if ttl is not None:
+                    created.append(_rules.lease_row(entry, seq=1))
+                _insert_transitions(cur, tuple(created))
                 return entry
             existing = _read_entry(cur, operation_id)
             if existing is None:  # pragma: no cover - the insert conflicted on this key
@@ -315,6 +341,7 @@ class SqliteCommitJournal:
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
         audit: AuditRequest | None = None,
+        release_lease: bool = False,
     ) -> JournalEntry:
         """Move the entry to ``next_state`` in one conditional UPDATE; version + 1."""
         _rules.check_move(
@@ -341,6 +368,7 @@ class SqliteCommitJournal:
                 evidence=safe_evidence,
                 result=safe_result,
                 audit=audit,
+                release_lease=release_lease,
             )
 
     def compare_and_set_within(
@@ -355,6 +383,7 @@ class SqliteCommitJournal:
         actor: str,
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
+        release_lease: bool = False,
     ) -> JournalEntry:
         """Run the CAS on the target's open transaction ``txn``; atomic folds allowed.
 
@@ -399,6 +428,7 @@ class SqliteCommitJournal:
                 evidence=safe_evidence,
                 result=safe_result,
                 audit=None,
+                release_lease=release_lease,
             )
 
     def acquire_lease(
@@ -561,7 +591,8 @@ class SqliteCommitJournal:
                     pass  # a finished thread's connection; nothing depends on it
             self._conns = alive
             conn = sqlite3.connect(
-                str(self._path),
+                f"{self._path.as_uri()}?mode=ro" if self._read_only else str(self._path),
+                uri=self._read_only,
                 timeout=self._busy_timeout_s,
                 isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
                 check_same_thread=False,  # only close() touches another thread's connection
@@ -647,6 +678,10 @@ class SqliteCommitJournal:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Cursor]:
         """Run the block in BEGIN IMMEDIATE; commit on success, roll back on any error."""
+        if self._read_only:
+            raise JournalUnavailable(
+                f"the journal {self._path} was opened read-only", hint="open it for writing"
+            )
         conn = self._connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -686,6 +721,22 @@ class SqliteCommitJournal:
             return JournalUnavailable(
                 f"{where} stayed locked by another writer for more than {self._busy_timeout_s:g} s",
                 hint="retry later, or find the process holding a long write on the file",
+            )
+        if self._path.is_dir():
+            return ConfigInvalid(
+                f"{where} is a directory",
+                field="journal",
+                hint="point the journal URL at a file, e.g. sqlite:///.dpone/journal.db",
+            )
+        if (
+            "not a database" in text
+            or name.startswith("SQLITE_NOTADB")
+            or ("no such table" in text and "dpone_" in text)
+        ):
+            return ConfigInvalid(
+                f"{where} is not a dpone journal",
+                field="journal",
+                hint="point the journal URL at the journal file (or a new path)",
             )
         if "unable to open" in text or name.startswith("SQLITE_CANTOPEN"):
             return JournalUnavailable(
@@ -737,6 +788,7 @@ def _cas(
     evidence: SafeMapping,
     result: SafeMapping | None,
     audit: AuditRequest | None,
+    release_lease: bool = False,
 ) -> JournalEntry:
     """The CAS write: one conditional UPDATE, then its history (and audit) rows.
 
@@ -748,13 +800,19 @@ def _cas(
     # that accepts several states still records the exact fold path it took.
     rows = cur.execute(
         "UPDATE dpone_journal SET previous_state = state, state = ?, version = version + 1, "
-        "result = COALESCE(?, result), updated_at = ? "
+        "result = COALESCE(?, result), updated_at = ?, "
+        # release_lease: the lease ends with this write (no separate release round trip)
+        "lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
+        "lease_expires_at = CASE WHEN ? THEN ? ELSE lease_expires_at END "
         "WHERE operation_id = ? AND version = ? AND lease_epoch = ? "
         f"AND state IN ({', '.join('?' * len(states))}) "
         f"RETURNING {_ENTRY_COLUMNS}",
         (
             next_state.value,
             None if result is None else _rules.encode_mapping(result),
+            at,
+            release_lease,
+            release_lease,
             at,
             operation_id,
             expected_version,
