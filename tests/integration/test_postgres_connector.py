@@ -341,6 +341,48 @@ def test_concurrent_first_loads_create_fence_and_table_once(target: Target) -> N
         target.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def test_creation_racing_an_outside_session_recovers(target: Target) -> None:
+    """Fence, then target table, created by another session meanwhile: dpone uses theirs."""
+    schema = f"{target.schema}_ext"
+    outside = psycopg.connect(target.dsn)
+    connector = PostgresConnector(target.dsn, table=target.table, fence_schema=schema)
+    try:
+        # 1. the fence schema and table, committed while dpone waits on the catalog
+        outside.execute(f'CREATE SCHEMA "{schema}"')
+        outside.execute(
+            f'CREATE TABLE "{schema}".dpone_fence (operation_id text PRIMARY KEY, '
+            "intent_digest text, epoch bigint NOT NULL, state text NOT NULL, row_count bigint, "
+            "content_digest text, committed_at timestamptz)"
+        )
+        op, intent = _op()
+        timer = threading.Timer(0.3, outside.commit)
+        timer.start()
+        connector.prepare(operation_id=op, intent_digest=intent, epoch=1)
+        timer.join()
+        # 2. the target table, the same way, during mutate
+        outside.execute(
+            f'CREATE TABLE "{target.schema}".items (id bigint, name text, amount float8, x int)'
+        )
+        timer = threading.Timer(0.3, outside.commit)
+        timer.start()
+        connector.mutate(
+            operation_id=op,
+            intent_digest=intent,
+            epoch=1,
+            plan=target.plan(),
+            batches=[[(1, "a", 1.0)]],
+            content_digest="d",
+        )
+        timer.join()
+        assert target.query("SELECT id, x FROM items") == [(1, None)]
+        fence = target.query(f'SELECT state FROM "{schema}".dpone_fence')
+        assert fence == [("committed",)]
+    finally:
+        connector.close()
+        outside.close()
+        target.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 # ----------------------------------------------------------------- locks
 
 

@@ -513,6 +513,15 @@ def _merge_statements(plan: _Plan) -> tuple[sql.Composed, sql.Composed]:
 
 # ----------------------------------------------------------------- error translation
 
+# CREATE ... IF NOT EXISTS racing another session: a catalog unique violation or a
+# duplicate-object error, depending on who got there first.
+_DUPLICATE_OBJECT = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DuplicateSchema,
+    psycopg.errors.DuplicateTable,
+    psycopg.errors.DuplicateObject,
+)
+
 _SCHEMA_STATES = frozenset({"42P01", "42703", "42P10", "42804", "42846", "42883"})
 
 
@@ -708,20 +717,29 @@ class PostgresConnector:
     def _ensure_fence(self, conn: psycopg.Connection[Any]) -> None:
         if self._fence_ready:
             return
-        row = conn.execute(self._sql.fence_exists).fetchone()
-        schema_exists, table_exists = bool(row and row[0]), bool(row and row[1])
-        if not table_exists:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_advisory_key("fence"),))
-                # CREATE SCHEMA needs the database's CREATE privilege even when the schema
-                # exists, so an existing schema is not created again.
-                if not schema_exists:
-                    conn.execute(
-                        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                            sql.Identifier(self._fence_schema)
+        for attempt in (1, 2):
+            row = conn.execute(self._sql.fence_exists).fetchone()
+            schema_exists, table_exists = bool(row and row[0]), bool(row and row[1])
+            if table_exists:
+                break
+            try:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_advisory_key("fence"),))
+                    # CREATE SCHEMA needs the database's CREATE privilege even when the
+                    # schema exists, so an existing schema is not created again.
+                    if not schema_exists:
+                        conn.execute(
+                            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                                sql.Identifier(self._fence_schema)
+                            )
                         )
-                    )
-                conn.execute(self._sql.create_fence)
+                    conn.execute(self._sql.create_fence)
+                break
+            except _DUPLICATE_OBJECT as exc:
+                # Someone outside this lock (the journal, another tool) created the schema
+                # or table at the same moment: look again once, it exists now.
+                if attempt == 2:
+                    raise exc from None
         self._fence_ready = True
 
     def _read_fence(self, conn: psycopg.Connection[Any], operation_id: str) -> _FenceRow | None:
@@ -775,6 +793,7 @@ class PostgresConnector:
                 row = conn.execute(self._sql.fence_exists).fetchone()
                 if not (row and row[1]):
                     return FenceObservation(status=FenceStatus.ABSENT)
+                self._fence_ready = True
             return _observation(self._read_fence(conn, operation_id))
 
     def seal(self, *, operation_id: str, epoch: int) -> SealResult:
@@ -887,8 +906,16 @@ class PostgresConnector:
             )
             info = _table_info(cur, plan.table)
             if info is None:
-                cur.execute(_create_table(plan))
-                return
+                try:
+                    # A savepoint: a creator outside dpone's lock racing us must not abort
+                    # the whole transaction.
+                    with cur.connection.transaction():
+                        cur.execute(_create_table(plan))
+                    return
+                except _DUPLICATE_OBJECT:
+                    info = _table_info(cur, plan.table)
+                    if info is None:
+                        raise
         _check_table(cur, info, plan, raw)
 
     def _load(
