@@ -154,6 +154,7 @@ def test_identity_and_locator_carry_no_credentials() -> None:
     "table",
     [
         HOSTILE,
+        "items\n",
         "a.b.c",
         "",
         "1abc",
@@ -198,6 +199,21 @@ def test_hostile_column_and_fence_schema_are_refused(target: Target) -> None:
         PostgresConnector(target.dsn, table="items", fence_schema=HOSTILE)
     with pytest.raises(ConfigInvalid):
         PostgresConnector(target.dsn, table="items", fence_schema="pg_catalog")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"lock_timeout_s": 0},
+        {"lock_timeout_s": float("inf")},
+        {"lock_timeout_s": float("nan")},
+        {"connect_timeout_s": -1},
+    ],
+)
+def test_bounds_must_be_positive_and_finite(kw: dict[str, float]) -> None:
+    """A lock or connect bound that is not a positive finite number is ConfigInvalid."""
+    with pytest.raises(ConfigInvalid):
+        PostgresConnector("postgresql://u@h/db", table="items", **kw)
 
 
 def test_plan_table_must_match_the_configured_table(target: Target) -> None:

@@ -13,7 +13,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from itertools import chain
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -28,7 +28,13 @@ from dpone.contracts.fence import (
     SealOutcome,
     SealResult,
 )
-from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
+from dpone.contracts.load import (
+    IDENTIFIER_RE,
+    ColumnType,
+    LoadPlan,
+    LoadStrategy,
+    MutationReport,
+)
 from dpone.errors import (
     ConfigInvalid,
     DponeError,
@@ -41,8 +47,6 @@ from dpone.errors import (
 from dpone.ports.connector import Rows, WithinTransaction
 
 __all__ = ["FENCE_TABLE", "PostgresConnector"]
-
-_T = TypeVar("_T")
 
 FENCE_TABLE = "dpone_fence"
 _DEFAULT_SCHEMA = "public"
@@ -83,7 +87,8 @@ def _fold(name: str) -> str:
 
 
 def _check_identifier(name: str, *, field: str, what: str) -> str:
-    if not isinstance(name, str) or not is_identifier(name):
+    # fullmatch: the shared pattern ends in "$", which also accepts a trailing newline.
+    if not isinstance(name, str) or not IDENTIFIER_RE.fullmatch(name):
         raise ConfigInvalid(
             f"{what} is not a plain identifier",
             field=field,
@@ -193,6 +198,14 @@ def _validate_plan(plan: LoadPlan, *, fence_schema: str) -> _Plan:
 # ----------------------------------------------------------------- COPY text encoding
 
 
+class _UnsupportedValue(TypeError):
+    """A value of a type COPY text cannot carry; ``kind`` is its type name (never the value)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
 def _field(value: object) -> str:
     """One value in COPY text format; '' is NULL (the COPY runs with NULL '')."""
     if value is None:
@@ -207,7 +220,7 @@ def _field(value: object) -> str:
         return repr(value)  # shortest exact form; 'inf' and 'nan' parse as float8
     if isinstance(value, datetime | date | time):
         return value.isoformat()
-    raise TypeError(type(value).__name__)
+    raise _UnsupportedValue(type(value).__name__)
 
 
 _NONE_TYPE = type(None)
@@ -271,10 +284,9 @@ def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id
         try:
             text = _encode_columns(batch)
         except (TypeError, ValueError) as exc:
+            kind = f" of type {exc.kind}" if isinstance(exc, _UnsupportedValue) else ""
             raise TargetWriteFailed(
-                f"a value of type {exc} cannot be written to PostgreSQL; nothing was written"
-                if isinstance(exc, TypeError)
-                else "a value cannot be written to PostgreSQL; nothing was written",
+                f"a value{kind} cannot be written to PostgreSQL; nothing was written",
                 operation_id=operation_id,
                 hint="give the column a string, number, boolean or timestamp",
             ) from None
@@ -603,10 +615,12 @@ class PostgresConnector:
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise ConfigInvalid("the PostgreSQL target needs a URL", field="dsn")
-        if not lock_timeout_s > 0:
-            raise ConfigInvalid("lock_timeout_s must be positive", field="lock_timeout_s")
-        if not connect_timeout_s > 0:
-            raise ConfigInvalid("connect_timeout_s must be positive", field="connect_timeout_s")
+        for field, value in (
+            ("lock_timeout_s", lock_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+        ):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigInvalid(f"{field} must be a positive number of seconds", field=field)
         self._locator = pg_locator(dsn)  # ConfigInvalid, without the DSN, if it cannot parse
         self._has_application_name = "application_name" in conninfo_to_dict(dsn)
         self._dsn = dsn
