@@ -18,6 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from dpone.errors import ConfigInvalid
+
 WORKLOAD = """\
 workload: orders
 release: "2026.11.0"
@@ -81,10 +83,13 @@ def run_demo(*, directory: Path | None, rows: int, console: Console) -> int:
     """Run the demo in ``directory`` (a fresh temp dir by default); return an exit code."""
     started = time.monotonic()
     root = Path(directory or tempfile.mkdtemp(prefix="dpone-demo-")).resolve()
+    if root.exists() and any(root.iterdir()):
+        raise ConfigInvalid(
+            f"demo directory {root} is not empty; the demo never overwrites files",
+            field="--dir",
+            hint="pass a new or empty directory, or leave --dir out for a temporary one",
+        )
     root.mkdir(parents=True, exist_ok=True)
-    for stale in ("warehouse.db", ".dpone/journal.db"):
-        for suffix in ("", "-wal", "-shm"):
-            (root / f"{stale}{suffix}").unlink(missing_ok=True)
     console.rule("[bold]dpone demo: safe retries on the embedded default")
     console.print(f"work directory: {root}")
     for day in (1, 2):

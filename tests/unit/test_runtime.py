@@ -332,3 +332,37 @@ def test_source_changed_while_read_rolls_back(world: World) -> None:
     with pytest.raises(Exception, match="changed"):
         world.executor().run(s)
     assert world.target.rows() == []
+
+
+def test_stale_caller_rereads_and_never_writes_twice(world: World) -> None:
+    """A overtaken mid-write by B: A's write is fenced, A re-reads, sees COMPLETE, replays."""
+    s = spec()
+    a_owner, calls = "host-a:1:1", []
+
+    class Overtaken(InMemoryConnector):
+        def mutate(self, **kwargs: object) -> MutationReport:  # type: ignore[override]
+            if not calls:
+                calls.append("b")
+                # B takes the lease from A (as after A's lease expired) and finishes the job
+                world.journal.acquire_lease(
+                    operation_id=OP, owner="host-b:2:2", ttl_seconds=30, break_owner=a_owner
+                )
+                b = CommitProtocol(
+                    journal=world.journal,
+                    connector=world.target.sibling(),
+                    source=world.source,
+                    owner="host-b:2:2",
+                )
+                assert b.run(s).state is S.COMPLETE
+            return super().mutate(**kwargs)  # type: ignore[arg-type]
+
+    a_connector = Overtaken(store=world.target._store)
+    result = world.executor(a_owner, connector=a_connector).run(s)
+    assert result.state is S.COMPLETE
+    assert result.replayed
+    assert len(world.target.rows()) == len(ROWS)
+    history = world.journal.history(OP)
+    epochs = {t.lease_epoch for t in history if t.to_state is S.COMPLETE and t.kind != "lease"}
+    assert epochs == {3}  # completed by B at its own epoch, never by A
+    assert history[-1].to_state is S.COMPLETE
+    assert history[-1].kind != "lease"  # A's restart saw COMPLETE and took no lease

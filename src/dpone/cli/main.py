@@ -176,7 +176,7 @@ def _emit_json(payload: object) -> None:
 # ------------------------------------------------------------------ run
 @app.command()
 def run(
-    workload: Annotated[Path, typer.Argument(help="Workload YAML file.")],
+    workload: Annotated[Path, typer.Argument(help="Workload YAML file.", metavar="WORKLOAD")],
     interval: Annotated[str, typer.Option(help="START/END, half-open, ISO-8601 (UTC if naive).")],
     partition: Annotated[str | None, typer.Option(help="Mapped partition identity.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -287,7 +287,8 @@ def _ts(value: float | None) -> str:
 @journal_app.command("list")
 def journal_list(
     state: Annotated[
-        list[CommitState] | None, typer.Option("--state", help="Only these states.")
+        list[CommitState] | None,
+        typer.Option("--state", help="Only this state (repeatable).", metavar="STATE"),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many entries.")] = 100,
     workload: WorkloadOpt = None,
@@ -332,7 +333,9 @@ def journal_list(
 
 @journal_app.command("history")
 def journal_history(
-    operation_id: Annotated[str, typer.Argument(help="sha256:… operation id.")],
+    operation_id: Annotated[
+        str, typer.Argument(help="sha256:… operation id.", metavar="OPERATION_ID")
+    ],
     workload: WorkloadOpt = None,
     journal: JournalOpt = None,
     as_json: JsonOpt = False,
@@ -463,6 +466,7 @@ def recovery_inspect(
         "fence_error": seen.fence_error,
         "lease_live": seen.lease_live,
         "lease_expires_in": seen.lease_expires_in,
+        "lease_holder_dead": seen.lease_holder_dead,
         "history": [_transition_json(t) for t in seen.history],
         "audit": [
             {
@@ -483,23 +487,20 @@ def recovery_inspect(
     e = seen.entry
     out.print(f"operation  {e.operation_id}", markup=False)
     out.print(f"state      {e.state.value} (version {e.version})", markup=False)
-    out.print(
-        f"lease      epoch {e.lease_epoch}, "
-        + (
-            f"held by {e.lease_owner} for {seen.lease_expires_in:.0f}s"
-            if seen.lease_live
-            else "free"
-        ),
-        markup=False,
-    )
-    if fence is not None:
-        out.print(
-            f"fence      {fence.status.value} (capability {seen.capability.value}, epoch "
-            f"{fence.epoch}, rows {fence.row_count})",
-            markup=False,
-        )
+    if seen.lease_live:
+        lease = f"held by {e.lease_owner} for {seen.lease_expires_in:.0f}s more"
+    elif seen.lease_holder_dead:
+        lease = f"held by {e.lease_owner}, a process that has ended: the next run takes over"
     else:
+        lease = "free"
+    out.print(f"lease      epoch {e.lease_epoch}, {lease}", markup=False)
+    if fence is None:
         out.print(f"fence      unreadable ({seen.fence_error})", markup=False)
+    else:
+        details = [f"capability {seen.capability.value}"]
+        details += [f"epoch {fence.epoch}"] if fence.epoch is not None else []
+        details += [f"rows {fence.row_count}"] if fence.row_count is not None else []
+        out.print(f"fence      {fence.status.value} ({', '.join(details)})", markup=False)
     meta = e.metadata
     out.print(
         f"workload   {meta.get('workload_id')} interval {meta.get('interval')} "
@@ -507,6 +508,11 @@ def recovery_inspect(
         markup=False,
     )
     _print_history(seen.history)
+    for a in seen.audit:
+        out.print(
+            f"audit      {_ts(a.at)} {a.principal} {a.action} {a.outcome}: {a.reason}",
+            markup=False,
+        )
 
 
 @target_commit_app.command("plan")

@@ -9,9 +9,7 @@ __all__ = [
     "ALLOWED_TRANSITIONS",
     "ATOMIC_FOLDS",
     "FOLD_PATHS",
-    "PRE_COMMIT_STATES",
     "RECOVERY_ONLY_TRANSITIONS",
-    "TERMINAL_STATES",
     "CommitState",
     "is_allowed",
 ]
@@ -82,11 +80,6 @@ ALLOWED_TRANSITIONS: Mapping[CommitState, frozenset[CommitState]] = {
     state: steps | frozenset(to for (frm, to) in FOLD_PATHS if frm is state)
     for state, steps in _STEPS.items()
 }
-
-PRE_COMMIT_STATES: frozenset[CommitState] = frozenset(
-    {S.PREPARING, S.PREPARED, S.FAILED_PRE_COMMIT}
-)
-TERMINAL_STATES: frozenset[CommitState] = frozenset({S.COMPLETE})
 
 
 def is_allowed(frm: CommitState, to: CommitState) -> bool:

@@ -17,6 +17,8 @@ from dpone.errors import (
 )
 from dpone.ports.connector import TargetConnectorPort
 from dpone.ports.journal import CommitJournalPort
+from dpone.runtime import failpoints
+from dpone.runtime.executor import proven_dead
 
 __all__ = ["Action", "Inspection", "RecoveryPlan", "RecoveryService"]
 
@@ -53,8 +55,9 @@ class Inspection:
     capability: FenceCapability
     fence: FenceObservation | None
     fence_error: str | None  # error code when the fence could not be read
-    lease_live: bool
+    lease_live: bool  # held by an executor that may still be running
     lease_expires_in: float | None
+    lease_holder_dead: bool  # the holder is a process on this host that no longer exists
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +98,9 @@ class RecoveryService:
             fence_error = exc.code.value
         now = self._journal.now()
         expires = entry.lease_expires_at
-        live = entry.lease_owner is not None and expires is not None and expires > now
+        unexpired = entry.lease_owner is not None and expires is not None and expires > now
+        dead = unexpired and proven_dead(entry.lease_owner)
+        live = unexpired and not dead
         return Inspection(
             entry=entry,
             history=self._journal.history(operation_id),
@@ -105,6 +110,7 @@ class RecoveryService:
             fence_error=fence_error,
             lease_live=live,
             lease_expires_in=(expires - now) if live and expires is not None else None,
+            lease_holder_dead=dead,
         )
 
     def plan(self, operation_id: str) -> RecoveryPlan:
@@ -232,24 +238,14 @@ class RecoveryService:
                 operation_id=op,
                 state=entry.state.value,
             )
-        try:
-            # a fresh epoch fences every earlier executor before the state changes
-            leased = self._journal.acquire_lease(
-                operation_id=op,
-                owner=f"recovery:{request.principal}",
-                ttl_seconds=60.0,
-                expected_version=expected_version,
-            )
-        except LeaseHeld as held:
-            raise RecoveryRefused(
-                f"a live executor ({held.lease_owner}) holds the lease; wait for it to end "
-                "or for the lease to expire",
-                operation_id=op,
-                state=entry.state.value,
-            ) from None
+        if not none_route:
+            # look before taking the lease: a refusal then leaves the version untouched
+            self._check_observed(entry, action)
+        leased = self._lease(entry, expected_version, request.principal)
         try:
             self._check_fence(leased, action, none_route)
-            return self._journal.compare_and_set(
+            failpoints.hit("before:recovery.apply")
+            applied = self._journal.compare_and_set(
                 operation_id=op,
                 expected_version=leased.version,
                 expected_states=frozenset({leased.state}),
@@ -259,6 +255,8 @@ class RecoveryService:
                 evidence={"action": action.value, "principal": request.principal},
                 audit=request,
             )
+            failpoints.hit("after:recovery.apply")
+            return applied
         finally:
             self._journal.release_lease(
                 operation_id=op,
@@ -266,12 +264,53 @@ class RecoveryService:
                 lease_epoch=leased.lease_epoch,
             )
 
+    def _lease(self, entry: JournalEntry, expected_version: int, principal: str) -> JournalEntry:
+        """Take the lease at a fresh epoch: it fences every earlier executor."""
+        owner = f"recovery:{principal}"
+        try:
+            return self._journal.acquire_lease(
+                operation_id=entry.operation_id,
+                owner=owner,
+                ttl_seconds=60.0,
+                expected_version=expected_version,
+            )
+        except LeaseHeld as held:
+            if proven_dead(held.lease_owner):
+                return self._journal.acquire_lease(
+                    operation_id=entry.operation_id,
+                    owner=owner,
+                    ttl_seconds=60.0,
+                    expected_version=expected_version,
+                    break_owner=held.lease_owner,
+                )
+            raise RecoveryRefused(
+                f"a live executor ({held.lease_owner}) holds the lease; wait for it to end "
+                "or for the lease to expire",
+                operation_id=entry.operation_id,
+                state=entry.state.value,
+            ) from None
+
+    def _check_observed(self, entry: JournalEntry, action: Action) -> None:
+        """Refuse, before any write, an action the fence already contradicts."""
+        seen = self._connector.observe(operation_id=entry.operation_id)
+        committed = seen.status is FenceStatus.COMMITTED
+        if committed == (action is Action.MARK_NOT_COMMITTED):
+            raise RecoveryRefused(
+                f"the fence shows {seen.status.value}, which contradicts {action.value}",
+                operation_id=entry.operation_id,
+                state=entry.state.value,
+                journal_version=entry.version,
+                hint="run plan: the fence shows what happened",
+            )
+
     def _check_fence(self, leased: JournalEntry, action: Action, none_route: bool) -> None:
         if none_route:
             return
         op = leased.operation_id
         if action is Action.MARK_NOT_COMMITTED:
+            failpoints.hit("before:recovery.seal")
             sealed = self._connector.seal(operation_id=op, epoch=leased.lease_epoch)
+            failpoints.hit("after:recovery.seal")
             if sealed.outcome is not SealOutcome.NOT_COMMITTED:
                 raise RecoveryRefused(
                     f"the fence does not prove the write absent ({sealed.outcome.value})",

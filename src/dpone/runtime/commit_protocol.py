@@ -144,6 +144,9 @@ class CommitProtocol:
                 )
                 resumed = True
                 held = None
+                current = self._journal.get(spec.operation_id)
+                if current is not None and current.state is S.COMPLETE:
+                    return self._recorded(current, replayed=True)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ one attempt

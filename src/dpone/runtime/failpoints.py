@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from dpone.errors import ConfigInvalid, InjectedFault
 
-__all__ = ["FAILPOINT_NAMES", "active", "configure", "hit"]
+__all__ = ["FAILPOINT_NAMES", "configure", "hit"]
 
 #: Every failpoint the runtime fires, in the order a first attempt meets them.
 FAILPOINT_NAMES: tuple[str, ...] = (
@@ -48,6 +48,10 @@ FAILPOINT_NAMES: tuple[str, ...] = (
     "after:PREPARING",
     "before:lease.release",
     "after:lease.release",
+    "before:recovery.seal",
+    "after:recovery.seal",
+    "before:recovery.apply",
+    "after:recovery.apply",
 )
 
 _ACTION_RE = re.compile(r"^(kill|raise|hang|sleep\((\d+(?:\.\d+)?)\))(?:@(\d+))?$")
@@ -86,11 +90,6 @@ def configure(spec: str | None) -> None:
         seconds = float(match.group(2) or 0.0)
         nth = int(match.group(3)) if match.group(3) else None
         _points[name.strip()] = _Point(kind, seconds, nth)
-
-
-def active() -> bool:
-    """Return True when any failpoint is configured."""
-    return bool(_points)
 
 
 def hit(name: str) -> None:
