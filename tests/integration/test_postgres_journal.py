@@ -510,6 +510,40 @@ def test_history_rows_match_the_shared_rules(journal: PostgresCommitJournal) -> 
     )
     assert journal.history(entry.operation_id)[-1] == _rules.lease_row(granted)
 
+    born = journal.create_intent(
+        operation_id=new_operation_id(),
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=ACTOR,
+        lease_owner=OWNER_A,
+        lease_ttl_seconds=30.0,
+    )
+    assert (born.version, born.lease_owner, born.lease_epoch) == (1, OWNER_A, 1)
+    assert born.lease_expires_at == pytest.approx(born.created_at + 30.0, abs=1e-5)
+    assert journal.history(born.operation_id) == [
+        _rules.create_row(born, actor=ACTOR),
+        _rules.lease_row(born, seq=1),
+    ]
+
+
+def test_cas_can_release_the_lease_in_the_same_write(journal: PostgresCommitJournal) -> None:
+    """release_lease=True ends the lease with the state change; another owner may then acquire."""
+    entry = drive_to(journal, leased(journal), S.COMMITTING)
+    done = journal.compare_and_set(
+        operation_id=entry.operation_id,
+        expected_version=entry.version,
+        expected_states=frozenset({S.COMMITTING}),
+        next_state=S.TARGET_COMMITTED,
+        lease_epoch=entry.lease_epoch,
+        actor=ACTOR,
+        release_lease=True,
+    )
+    assert (done.lease_owner, done.lease_expires_at) == (None, done.updated_at)
+    assert done.lease_epoch == entry.lease_epoch
+    assert journal.get(entry.operation_id) == done
+    other = journal.acquire_lease(operation_id=entry.operation_id, owner=OWNER_B, ttl_seconds=5)
+    assert other.lease_epoch == entry.lease_epoch + 1
+
 
 # ---------------------------------------------------------------------- locators
 @pytest.mark.parametrize(

@@ -358,6 +358,8 @@ class PostgresCommitJournal:
     server's clock only. Nothing connects in the constructor: the first call migrates
     the schema (idempotent, serialized by an advisory lock) and opens the pool. After a
     ``fork`` the child opens its own pool and never touches the parent's connections.
+    Times are stored as ``timestamptz`` and handed out as float epoch seconds; metadata,
+    results and evidence as ``jsonb``.
 
     Args:
         dsn: a ``postgresql://`` URL or ``key=value`` DSN; it is never logged or repeated.
@@ -536,8 +538,10 @@ class PostgresCommitJournal:
         intent_digest: str,
         metadata: Mapping[str, object],
         actor: str,
+        lease_owner: str | None = None,
+        lease_ttl_seconds: float | None = None,
     ) -> JournalEntry:
-        """Create the entry in PREPARING if absent; otherwise return the existing one.
+        """Create the entry in PREPARING if absent (leased at epoch 1 when asked).
 
         An existing entry is returned unchanged, in the same round trip.
         """
@@ -545,8 +549,7 @@ class PostgresCommitJournal:
         _rules.check_identity("intent_digest", intent_digest)
         safe_metadata = _rules.safe_values(metadata)
         _rules.safe_actor(actor)
-        ttl = None  # the statement can also create the entry leased (epoch 1)
-        lease_owner = None
+        ttl = _rules.lease_request(lease_owner, lease_ttl_seconds)
         params = {
             "operation_id": operation_id,
             "intent_digest": intent_digest,
@@ -585,8 +588,12 @@ class PostgresCommitJournal:
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
         audit: AuditRequest | None = None,
+        release_lease: bool = False,
     ) -> JournalEntry:
-        """Move the entry to ``next_state`` in one conditional UPDATE; version + 1."""
+        """Move the entry to ``next_state`` in one conditional UPDATE; version + 1.
+
+        ``release_lease`` also lets the caller's lease expire now, in the same write.
+        """
         _rules.check_move(
             operation_id=operation_id,
             expected_states=expected_states,
@@ -604,7 +611,7 @@ class PostgresCommitJournal:
             evidence=evidence,
             result=result,
             audit=audit,
-            release_lease=False,
+            release_lease=release_lease,
         )
         # Never repeated: a CAS whose commit was lost in transit must not be sent again.
         return self._run(
@@ -625,6 +632,7 @@ class PostgresCommitJournal:
         actor: str,
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
+        release_lease: bool = False,
     ) -> JournalEntry:
         """Run the CAS on the target's open transaction ``txn``; atomic folds allowed.
 
@@ -658,7 +666,7 @@ class PostgresCommitJournal:
             evidence=evidence,
             result=result,
             audit=None,
-            release_lease=False,
+            release_lease=release_lease,
         )
         server = self._server_identity()
         if txn.info.transaction_status != TransactionStatus.INTRANS:
