@@ -749,11 +749,11 @@ class PostgresConnector:
                         )
                     conn.execute(self._sql.create_fence)
                 break
-            except _DUPLICATE_OBJECT as exc:
+            except _DUPLICATE_OBJECT:
                 # Someone outside this lock (the journal, another tool) created the schema
                 # or table at the same moment: look again once, it exists now.
                 if attempt == 2:
-                    raise exc from None
+                    raise
         self._fence_ready = True
 
     def _read_fence(self, conn: psycopg.Connection[Any], operation_id: str) -> _FenceRow | None:
