@@ -1,0 +1,397 @@
+"""SIGKILL campaigns on PostgreSQL journal + PostgreSQL target: real processes, real server."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dpone.contracts.states import CommitState
+from dpone.runtime.failpoints import FAILPOINT_NAMES
+from dpone.testing.crash import (
+    EXIT_COMMIT_UNKNOWN,
+    check_history,
+    run_dpone,
+    run_until_done,
+    start_dpone,
+    write_orders_csv,
+)
+
+pytestmark = pytest.mark.crash
+
+psycopg = pytest.importorskip("psycopg")
+
+ROWS = 1_000
+INTERVAL = "2026-11-01/2026-11-02"
+RUN = ("run", "w.yaml", "--interval", INTERVAL, "--no-progress", "-q")
+KILLED = -9
+
+WORKLOAD = """\
+workload: orders
+release: "2026.11.0"
+deployment: crash
+journal: {journal}
+journal_schema: {schema}
+lease_ttl_seconds: {ttl}
+source:
+  kind: csv
+  path: {data}
+  columns: {{order_id: integer, customer: text, amount: real, ordered_at: timestamp}}
+target:
+  kind: postgres
+  url: {target}
+  table: {schema}.orders
+  fence_schema: {schema}
+  lock_timeout_seconds: {lock}
+load: {{strategy: append, key: [order_id], interval_column: ordered_at}}
+"""
+
+
+def with_db(dsn: str, db: str) -> str:
+    """The same server, another database."""
+    return dsn.rsplit("/", 1)[0] + "/" + db
+
+
+@dataclass
+class Route:
+    """One isolated PostgreSQL route: a schema in the target DB (and in the journal DB)."""
+
+    root: Path
+    schema: str
+    journal_dsn: str
+    target_dsn: str
+
+    def workload(
+        self,
+        *,
+        rows: int = ROWS,
+        ttl: float = 30,
+        lock: float = 10,
+        data: str = "orders.csv",
+        name: str = "w.yaml",
+        start_id: int = 0,
+    ) -> None:
+        if "{" not in data:
+            write_orders_csv(self.root / data, rows, start_id=start_id)
+        with psycopg.connect(self.target_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        (self.root / name).write_text(
+            WORKLOAD.format(
+                journal=self.journal_dsn,
+                target=self.target_dsn,
+                schema=self.schema,
+                ttl=ttl,
+                lock=lock,
+                data=data,
+            ),
+            encoding="utf-8",
+        )
+
+    def counts(self) -> tuple[int, int]:
+        with psycopg.connect(self.target_dsn) as conn:
+            row = conn.execute(
+                f'SELECT count(*), count(DISTINCT order_id) FROM "{self.schema}".orders'
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def journal(self):  # type: ignore[no-untyped-def]
+        from dpone.adapters.journal.postgres import PostgresCommitJournal
+
+        return PostgresCommitJournal(self.journal_dsn, schema=self.schema)
+
+    def assert_exactly_once(self, rows: int = ROWS) -> None:
+        assert self.counts() == (rows, rows)
+        journal = self.journal()
+        try:
+            [entry] = journal.list_entries()
+            assert entry.state is CommitState.COMPLETE
+            assert entry.result is not None
+            assert entry.result["rows_written"] == rows
+            history = journal.history(entry.operation_id)
+            assert check_history(history) == [], history
+        finally:
+            journal.close()
+
+
+def _drop(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["forward", "atomic"])
+def route(request: pytest.FixtureRequest, pg_available: str, tmp_path: Path) -> Iterator[Route]:
+    """Atomic: journal and target in one database. Forward: the journal in another one."""
+    schema = f"c_{uuid.uuid4().hex[:10]}"
+    journal_dsn = pg_available if request.param == "atomic" else with_db(pg_available, "postgres")
+    yield Route(root=tmp_path, schema=schema, journal_dsn=journal_dsn, target_dsn=pg_available)
+    _drop(pg_available, schema)
+    if journal_dsn != pg_available:
+        _drop(journal_dsn, schema)
+
+
+@pytest.mark.parametrize("point", FAILPOINT_NAMES)
+def test_kill_at_every_failpoint_then_rerun_writes_exactly_once(route: Route, point: str) -> None:
+    """SIGKILL at the failpoint, rerun until it ends: every row exactly once, COMPLETE."""
+    route.workload()
+    first = run_dpone(RUN, cwd=route.root, failpoints=f"{point}=kill")
+    assert first.returncode in (KILLED, 0), first.stderr
+    outcome = run_until_done(RUN, cwd=route.root)
+    assert outcome.final == 0, outcome.last_stderr
+    assert EXIT_COMMIT_UNKNOWN not in outcome.codes
+    route.assert_exactly_once()
+
+
+def test_atomic_and_forward_modes_are_chosen_by_location(route: Route) -> None:
+    """Same database: atomic; another database: forward recovery."""
+    route.workload()
+    proc = run_dpone((*RUN[:-1], "--json"), cwd=route.root)
+    assert proc.returncode == 0, proc.stderr
+    expected = "atomic" if route.journal_dsn == route.target_dsn else "forward_recovery"
+    assert f'"mode": "{expected}"' in proc.stdout
+
+
+FIRST_ATTEMPT = [
+    "after:journal.create",
+    "before:fence.mutate",
+    "fence.mutate.before_commit",
+    "after:fence.mutate",
+    "before:COMPLETE",
+    "after:COMPLETE",
+]
+
+
+def test_first_attempt_points_are_really_reached(route: Route) -> None:
+    """Guard against a vacuous matrix: these points kill a first attempt on PostgreSQL."""
+    for point in FIRST_ATTEMPT:
+        _drop(route.target_dsn, route.schema)
+        if route.journal_dsn != route.target_dsn:
+            _drop(route.journal_dsn, route.schema)
+        route.workload(rows=20)
+        proc = run_dpone(RUN, cwd=route.root, failpoints=f"{point}=kill")
+        assert proc.returncode == KILLED, f"{point} was not reached ({proc.returncode})"
+
+
+def _wait_state(route: Route, state: CommitState, timeout: float = 30) -> None:
+    journal = route.journal()
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entries = journal.list_entries()
+            if entries and entries[0].state is state:
+                return
+            time.sleep(0.05)
+    finally:
+        journal.close()
+    raise AssertionError(f"the operation never reached {state.value}")
+
+
+@pytest.mark.parametrize("variant", ["b_waits", "b_times_out"])
+def test_zombie_writer_holding_the_fence_lock(
+    pg_available: str, tmp_path: Path, variant: str
+) -> None:
+    """A frozen mid-transaction (SIGSTOP), lease expires, B takes over; A resumes: one mutation."""
+    schema = f"z_{uuid.uuid4().hex[:10]}"
+    route = Route(
+        root=tmp_path,
+        schema=schema,
+        journal_dsn=with_db(pg_available, "postgres"),
+        target_dsn=pg_available,
+    )
+    try:
+        # B's lock bound: long enough to outwait A, or short enough to give up first
+        route.workload(ttl=1, lock=30 if variant == "b_waits" else 1)
+        a = start_dpone(RUN, cwd=tmp_path, failpoints="fence.mutate.before_commit=sleep(1.5)")
+        _wait_state(route, CommitState.COMMITTING)
+        time.sleep(0.5)  # A is inside its data transaction, holding the fence row lock
+        os.kill(a.pid, signal.SIGSTOP)
+        time.sleep(1.5)  # A's lease (ttl 1 s) expires; its heartbeat is frozen too
+        b = start_dpone(RUN, cwd=tmp_path)
+        time.sleep(2.5)
+        b_code = b.poll()
+        if variant == "b_waits":
+            assert b_code is None, "B must wait for the zombie's lock, not guess"
+        os.kill(a.pid, signal.SIGCONT)
+        _, a_err = a.communicate(timeout=60)
+        _, b_err = b.communicate(timeout=60)
+        if variant == "b_waits":
+            assert b.returncode == 0, b_err
+        else:
+            assert b.returncode == 75, b_err  # FENCE_UNAVAILABLE: bounded, never a guess
+            assert "DPONE_TARGET_COMMIT_FENCE_UNAVAILABLE" in b_err
+        # A's stale CAS is refused; it re-reads and either replays B's COMPLETE, finishes
+        # the journal itself at a new epoch, or finds B still holding the lease (5)
+        assert a.returncode in (0, 5), a_err
+        outcome = run_until_done(RUN, cwd=tmp_path)
+        assert outcome.final == 0
+        route.assert_exactly_once()
+        journal = route.journal()
+        try:
+            [entry] = journal.list_entries()
+            history = journal.history(entry.operation_id)
+        finally:
+            journal.close()
+        # A wrote at epoch 1; the journal's COMPLETE came from a later epoch: A's own CAS
+        # with its stale epoch was refused and A re-read the truth
+        complete = [t for t in history if t.to_state is CommitState.COMPLETE and t.kind != "lease"]
+        assert complete
+        assert all(t.lease_epoch > 1 for t in complete), history
+    finally:
+        _drop(pg_available, schema)
+        _drop(with_db(pg_available, "postgres"), schema)
+
+
+RACE_WORKER = Path(__file__).with_name("_race_worker.py")
+
+
+@pytest.mark.slow
+def test_race_8_processes_50_operations_with_random_kills(
+    pg_available: str, tmp_path: Path
+) -> None:
+    """8 worker processes race over 50 operations while random ones are SIGKILLed."""
+    rng = random.Random(8050)
+    schema = f"r_{uuid.uuid4().hex[:10]}"
+    route = Route(
+        root=tmp_path,
+        schema=schema,
+        journal_dsn=with_db(pg_available, "postgres"),
+        target_dsn=pg_available,
+    )
+    ops = 50
+    try:
+        for i in range(ops):
+            write_orders_csv(tmp_path / "data" / f"p{i}.csv", 200, start_id=i * 1000)
+        route.workload(rows=1, ttl=2, data="data/p{partition}.csv")
+        workers: list[subprocess.Popen[bytes]] = []
+
+        def spawn(seed: int) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                [sys.executable, str(RACE_WORKER), str(tmp_path / "w.yaml"), str(ops), str(seed)],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+
+        workers = [spawn(n) for n in range(8)]
+        kills = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(w.poll() is None for w in workers):
+            time.sleep(rng.uniform(0.2, 0.8))
+            alive = [i for i, w in enumerate(workers) if w.poll() is None]
+            if alive and kills < 12:
+                victim = rng.choice(alive)
+                workers[victim].kill()
+                workers[victim].communicate()
+                kills += 1
+                workers[victim] = spawn(100 + kills)
+        for w in workers:
+            _, err = w.communicate(timeout=120)
+            assert w.returncode in (0, -9), err.decode()
+        assert kills >= 6
+        # every operation finishes on a rerun, nothing written twice, nothing lost
+        for i in range(ops):
+            run = (
+                "run",
+                "w.yaml",
+                "--interval",
+                INTERVAL,
+                "--partition",
+                str(i),
+                "-q",
+                "--no-progress",
+            )
+            outcome = run_until_done(run, cwd=tmp_path)
+            assert outcome.final == 0, outcome.last_stderr
+            assert EXIT_COMMIT_UNKNOWN not in outcome.codes
+        assert route.counts() == (ops * 200, ops * 200)
+        journal = route.journal()
+        try:
+            entries = journal.list_entries(limit=1000)
+            assert len(entries) == ops
+            assert {e.state for e in entries} == {CommitState.COMPLETE}
+            for e in entries:
+                assert check_history(journal.history(e.operation_id)) == []
+        finally:
+            journal.close()
+    finally:
+        _drop(pg_available, schema)
+        _drop(with_db(pg_available, "postgres"), schema)
+
+
+@pytest.fixture
+def private_pg() -> Iterator[object]:
+    """A throwaway PostgreSQL server of the test's own (never the shared one)."""
+    from dpone.testing.pg_instance import PrivatePostgres
+
+    server = PrivatePostgres()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+def test_journal_outage_mid_run(pg_available: str, tmp_path: Path, private_pg: object) -> None:
+    """The journal's server stops before COMMITTING: no write, exit 75; after restart, once."""
+    from dpone.testing.pg_instance import PrivatePostgres
+
+    assert isinstance(private_pg, PrivatePostgres)
+    schema = f"o_{uuid.uuid4().hex[:10]}"
+    route = Route(root=tmp_path, schema=schema, journal_dsn=private_pg.dsn, target_dsn=pg_available)
+    try:
+        route.workload()
+        run = start_dpone(RUN, cwd=tmp_path, failpoints="before:COMMITTING=sleep(2)")
+        time.sleep(1.2)
+        private_pg.stop(mode="immediate")
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 75, err
+        assert "DPONE_TARGET_COMMIT_JOURNAL_UNAVAILABLE" in err
+        with psycopg.connect(pg_available) as conn:
+            exists = conn.execute("SELECT to_regclass(%s)", (f'"{schema}".orders',)).fetchone()
+            rows = 0
+            if exists and exists[0]:
+                rows = conn.execute(f'SELECT count(*) FROM "{schema}".orders').fetchone()[0]
+        assert rows == 0  # no target mutation began without a durable COMMITTING
+        down = run_dpone(RUN, cwd=tmp_path)
+        assert down.returncode == 75
+        private_pg.start()
+        outcome = run_until_done(RUN, cwd=tmp_path)
+        assert outcome.final == 0, outcome.last_stderr
+        route.assert_exactly_once()
+    finally:
+        _drop(pg_available, schema)
+
+
+def test_journal_outage_after_the_target_commit(
+    pg_available: str, tmp_path: Path, private_pg: object
+) -> None:
+    """The journal dies after the data committed: the rerun completes without writing again."""
+    from dpone.testing.pg_instance import PrivatePostgres
+
+    assert isinstance(private_pg, PrivatePostgres)
+    schema = f"o_{uuid.uuid4().hex[:10]}"
+    route = Route(root=tmp_path, schema=schema, journal_dsn=private_pg.dsn, target_dsn=pg_available)
+    try:
+        route.workload()
+        run = start_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=sleep(2)")
+        _wait_state(route, CommitState.COMMITTING)
+        time.sleep(0.5)
+        private_pg.stop(mode="immediate")
+        _, err = run.communicate(timeout=60)
+        assert run.returncode in (6, 75), err
+        assert route.counts() == (ROWS, ROWS)
+        private_pg.start()
+        outcome = run_until_done(RUN, cwd=tmp_path)
+        assert outcome.final == 0, outcome.last_stderr
+        route.assert_exactly_once()
+    finally:
+        _drop(pg_available, schema)
