@@ -14,7 +14,7 @@ import pytest
 from dpone.adapters.journal.sqlite import SCHEMA_VERSION, SqliteCommitJournal
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.states import CommitState as S
-from dpone.errors import ConfigInvalid, JournalConflict, JournalUnavailable
+from dpone.errors import ConfigInvalid, DponeError, JournalConflict, JournalUnavailable
 from dpone.testing.journal_conformance import ACTOR, AUDIT, OWNER_A, create, drive_to, leased
 
 SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "BEGIN", "WHERE")
@@ -69,12 +69,13 @@ def _orders(path: Path) -> int:
         conn.close()
 
 
-def _assert_safe_message(err: JournalUnavailable, path: Path) -> None:
+def _assert_safe_message(err: DponeError, path: Path) -> None:
     text = str(err)
     assert str(path.resolve()) in text
     assert not any(word in text for word in SQL_WORDS), text
     assert not isinstance(err, sqlite3.Error)
-    assert err.retryable
+    # a wrong path or file is permanent (exit 2); only an unreachable journal is retryable
+    assert err.retryable == isinstance(err, JournalUnavailable)
 
 
 # ---------------------------------------------------------------------- atomic mode
@@ -235,35 +236,33 @@ def test_opening_a_locked_new_journal_raises_journal_unavailable(path: Path) -> 
         blocker.close()
 
 
-def test_path_that_is_a_directory_raises_journal_unavailable(tmp_path: Path) -> None:
-    """A journal path naming a directory cannot be opened: JournalUnavailable, no sqlite3 error."""
+def test_path_that_is_a_directory_is_a_config_error(tmp_path: Path) -> None:
+    """A journal path naming a directory is a permanent mistake, not a raw sqlite3 error."""
     where = tmp_path / "adir"
     where.mkdir()
-    with pytest.raises(JournalUnavailable) as info:
+    with pytest.raises(ConfigInvalid) as info:
         SqliteCommitJournal(where)
     _assert_safe_message(info.value, where)
 
 
-def test_file_that_is_not_a_database_raises_journal_unavailable(tmp_path: Path) -> None:
-    """A file with other content is reported as not a readable journal."""
+def test_file_that_is_not_a_database_is_a_config_error(tmp_path: Path) -> None:
+    """A file with other content is reported as not a dpone journal (a retry cannot help)."""
     where = tmp_path / "notes.db"
     where.write_bytes(b"this is not an sqlite database, just text " * 100)
-    with pytest.raises(JournalUnavailable) as info:
+    with pytest.raises(ConfigInvalid) as info:
         SqliteCommitJournal(where)
     _assert_safe_message(info.value, where)
-    assert "not a readable dpone journal" in str(info.value)
+    assert "not a dpone journal" in str(info.value)
 
 
-def test_broken_schema_raises_journal_unavailable_without_sql(
-    journal: SqliteCommitJournal, path: Path
-) -> None:
-    """Any other SQLite failure is translated too, naming the file and never the statement."""
+def test_broken_schema_is_reported_without_sql(journal: SqliteCommitJournal, path: Path) -> None:
+    """A journal whose tables are gone is translated too, naming the file, never the statement."""
     raw = sqlite3.connect(path, isolation_level=None)
     try:
         raw.execute("ALTER TABLE dpone_journal RENAME TO gone")
     finally:
         raw.close()
-    with pytest.raises(JournalUnavailable) as info:
+    with pytest.raises(ConfigInvalid) as info:
         journal.get("sha256:" + "0" * 64)
     _assert_safe_message(info.value, path)
     assert "dpone_journal" not in str(info.value)

@@ -18,12 +18,12 @@ __all__ = [
     "is_identifier",
 ]
 
-IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_identifier(name: str) -> bool:
     """Return True for a plain SQL identifier ``[A-Za-z_][A-Za-z0-9_]*``."""
-    return bool(IDENTIFIER_RE.match(name))
+    return bool(IDENTIFIER_RE.fullmatch(name))
 
 
 class LoadStrategy(str, enum.Enum):
