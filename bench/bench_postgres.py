@@ -1,0 +1,305 @@
+"""PostgreSQL benchmarks, measured side by side in one run (issue 3 budgets).
+
+1. 1M rows: `dpone run` (atomic: journal in the target database; forward: journal in
+   another database) against a plain psycopg COPY of the same CSV in one transaction,
+   all as whole processes. Budgets: ratio <= 1.05 atomic, <= 1.10 forward; RSS < 150 MB.
+2. 2,000 operations of 10 rows through the Python API (one Runner) against one plain
+   transaction per operation (INSERT of 10 rows). Budgets: ratio <= 1.5 atomic, <= 3 forward.
+3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
+4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
+
+Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
+       [--rows 1000000] [--repeat 3] [--ops 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+from dpone.testing.crash import write_orders_csv
+
+PLAIN_COPY = r"""
+import sys, psycopg
+with psycopg.connect(sys.argv[1]) as conn:
+    conn.execute(f'CREATE TABLE "{sys.argv[3]}".plain (order_id bigint, customer text, '
+                 'amount double precision, ordered_at timestamptz)')
+    sql = f'COPY "{sys.argv[3]}".plain FROM STDIN (FORMAT csv, HEADER true)'
+    with conn.cursor().copy(sql) as cp:
+        with open(sys.argv[2], "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                cp.write(chunk)
+"""
+
+WORKLOAD = """\
+workload: bench
+release: "bench"
+deployment: bench
+journal: {journal}
+journal_schema: {schema}
+source:
+  kind: csv
+  path: {data}
+  columns: {{order_id: integer, customer: text, amount: real, ordered_at: timestamp}}
+target: {{kind: postgres, url: {target}, table: {schema}.{table}, fence_schema: {schema}}}
+load: {{strategy: append}}
+"""
+
+
+def other_db(dsn: str, db: str) -> str:
+    return dsn.rsplit("/", 1)[0] + "/" + db
+
+
+def child(argv: list[str], cwd: Path) -> tuple[float, float]:
+    """Run argv to the end; return (seconds, peak RSS MB) of that child alone."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    took = time.perf_counter() - started
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{argv[:4]} failed: {err}")
+    return took, usage.ru_maxrss / 1024
+
+
+def schema_sql(dsn: str, sql: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def bench_bulk(work: Path, dsn: str, rows: int, repeat: int) -> dict[str, object]:
+    data = work / "orders.csv"
+    write_orders_csv(data, rows)
+    times: dict[str, list[float]] = {"plain_copy": [], "atomic": [], "forward": []}
+    rss: list[float] = []
+    for i in range(repeat):
+        schema = f"b_{uuid.uuid4().hex[:8]}"
+        schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
+        try:
+            t, _ = child([sys.executable, "-c", PLAIN_COPY, dsn, str(data), schema], work)
+            times["plain_copy"].append(t)
+            for mode, journal in (("atomic", dsn), ("forward", other_db(dsn, "postgres"))):
+                name = f"{mode}{i}.yaml"
+                (work / name).write_text(
+                    WORKLOAD.format(
+                        journal=journal,
+                        schema=schema,
+                        data="orders.csv",
+                        target=dsn,
+                        table=f"{mode}_orders",
+                    ),
+                    encoding="utf-8",
+                )
+                t, peak = child(
+                    [
+                        sys.executable,
+                        "-m",
+                        "dpone",
+                        "run",
+                        name,
+                        "--interval",
+                        "2026-11-01/2026-11-02",
+                        "--no-progress",
+                        "-q",
+                    ],
+                    work,
+                )
+                times[mode].append(t)
+                rss.append(peak)
+            with psycopg.connect(dsn) as conn:
+                for table in ("plain", "atomic_orders", "forward_orders"):
+                    n = conn.execute(f'SELECT count(*) FROM "{schema}".{table}').fetchone()
+                    assert n is not None
+                    assert n[0] == rows, (table, n)
+            print(
+                f"  round {i + 1}: plain COPY {times['plain_copy'][-1]:.2f}s  "
+                f"atomic {times['atomic'][-1]:.2f}s  forward {times['forward'][-1]:.2f}s",
+                flush=True,
+            )
+        finally:
+            schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
+            schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    base = min(times["plain_copy"])
+    return {
+        "rows": rows,
+        "plain_copy_s": round(base, 3),
+        "atomic_s": round(min(times["atomic"]), 3),
+        "forward_s": round(min(times["forward"]), 3),
+        "ratio_atomic": round(min(times["atomic"]) / base, 3),
+        "ratio_forward": round(min(times["forward"]) / base, 3),
+        "ratio_atomic_median": round(
+            statistics.median(times["atomic"]) / statistics.median(times["plain_copy"]), 3
+        ),
+        "ratio_forward_median": round(
+            statistics.median(times["forward"]) / statistics.median(times["plain_copy"]), 3
+        ),
+        "peak_rss_mb": round(max(rss), 1),
+    }
+
+
+def wal_syncs(dsn: str) -> int:
+    """Cluster-wide WAL syncs; waits for idle backends to flush their statistics (1 s)."""
+    time.sleep(1.2)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def bench_small(work: Path, dsn: str, ops: int) -> dict[str, object]:
+    from dpone.api import Runner
+    from dpone.config.workload import parse_workload
+
+    src = work / "small"
+    src.mkdir(exist_ok=True)
+    for i in range(ops):
+        write_orders_csv(src / f"p{i}.csv", 10, start_id=i * 10)
+    schema = f"s_{uuid.uuid4().hex[:8]}"
+    schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
+    out: dict[str, object] = {"ops": ops}
+    try:
+        # baseline: one plain transaction of 10 rows per operation, one connection
+        rows = [
+            [(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)] for i in range(ops)
+        ]
+        with psycopg.connect(dsn) as conn:
+            conn.execute(
+                f'CREATE TABLE "{schema}".plain (order_id bigint, customer text, '
+                "amount double precision, ordered_at timestamptz)"
+            )
+            conn.commit()
+            syncs = wal_syncs(dsn)
+            started = time.perf_counter()
+            for batch in rows:
+                with conn.cursor() as cur:
+                    cur.executemany(f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)', batch)
+                conn.commit()
+            plain = (time.perf_counter() - started) * 1000 / ops
+            out["plain_ms_per_op"] = round(plain, 3)
+            out["plain_wal_syncs_per_op"] = round((wal_syncs(dsn) - syncs) / ops, 2)
+        for mode, journal in (("atomic", dsn), ("forward", other_db(dsn, "postgres"))):
+            workload = parse_workload(
+                {
+                    "workload": "small",
+                    "release": "bench",
+                    "deployment": "bench",
+                    "journal": journal,
+                    "journal_schema": schema,
+                    "source": {
+                        "kind": "csv",
+                        "path": "small/p{partition}.csv",
+                        "columns": {
+                            "order_id": "integer",
+                            "customer": "text",
+                            "amount": "real",
+                            "ordered_at": "timestamp",
+                        },
+                    },
+                    "target": {
+                        "kind": "postgres",
+                        "url": dsn,
+                        "table": f"{schema}.{mode}_orders",
+                        "fence_schema": schema,
+                    },
+                    "load": {"strategy": "append"},
+                },
+                base_dir=work,
+            )
+            with Runner(workload) as runner:
+                runner.run(interval="2026-11-01/2026-11-02", partition="0")  # warm up, DDL
+                syncs = wal_syncs(dsn)
+                started = time.perf_counter()
+                for i in range(1, ops):
+                    runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
+                took = (time.perf_counter() - started) * 1000 / (ops - 1)
+                out[f"{mode}_ms_per_op"] = round(took, 3)
+                out[f"{mode}_ratio"] = round(took / plain, 2)
+                out[f"{mode}_wal_syncs_per_op"] = round((wal_syncs(dsn) - syncs) / (ops - 1), 2)
+                with psycopg.connect(dsn) as conn:
+                    before = conn.execute(
+                        "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
+                        "WHERE schemaname = %s AND relname = %s",
+                        (schema, f"{mode}_orders"),
+                    ).fetchone()
+                syncs = wal_syncs(dsn)
+                started = time.perf_counter()
+                for i in range(ops):
+                    r = runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
+                    assert r.replayed
+                took = (time.perf_counter() - started) * 1000 / ops
+                out[f"{mode}_replay_ms_per_op"] = round(took, 3)
+                out[f"{mode}_replay_wal_syncs"] = wal_syncs(dsn) - syncs
+                time.sleep(0.6)  # statistics are flushed at most every 500 ms
+                with psycopg.connect(dsn) as conn:
+                    after = conn.execute(
+                        "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
+                        "WHERE schemaname = %s AND relname = %s",
+                        (schema, f"{mode}_orders"),
+                    ).fetchone()
+                    count = conn.execute(
+                        f'SELECT count(*) FROM "{schema}".{mode}_orders'
+                    ).fetchone()
+                out[f"{mode}_replay_target_writes"] = (after[0] if after else 0) - (
+                    before[0] if before else 0
+                )
+                assert count is not None
+                assert count[0] == ops * 10
+    finally:
+        schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
+        schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("DPONE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ops", type=int, default=2000)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="dpone-pgbench-"))
+    try:
+        print(f"bulk: {args.rows:,} rows into PostgreSQL, best of {args.repeat}", flush=True)
+        bulk = bench_bulk(work, args.dsn, args.rows, args.repeat)
+        print(json.dumps(bulk, indent=2))
+        print(f"small operations: {args.ops} x 10 rows through the Python API", flush=True)
+        small = bench_small(work, args.dsn, args.ops)
+        print(json.dumps(small, indent=2))
+        checks = {
+            "bulk atomic <= 1.05": bulk["ratio_atomic"] <= 1.05,  # type: ignore[operator]
+            "bulk forward <= 1.10": bulk["ratio_forward"] <= 1.10,  # type: ignore[operator]
+            "rss < 150 MB": bulk["peak_rss_mb"] < 150,  # type: ignore[operator]
+            "small atomic <= 1.5x": small["atomic_ratio"] <= 1.5,  # type: ignore[operator]
+            "small forward <= 3x": small["forward_ratio"] <= 3,  # type: ignore[operator]
+            "replay <= 0.5 ms": max(
+                small["atomic_replay_ms_per_op"],  # type: ignore[type-var]
+                small["forward_replay_ms_per_op"],
+            )
+            <= 0.5,
+            "wal syncs atomic <= 2": small["atomic_wal_syncs_per_op"] <= 2,  # type: ignore[operator]
+            "wal syncs forward <= 4": small["forward_wal_syncs_per_op"] <= 4,  # type: ignore[operator]
+        }
+        for name, ok in checks.items():
+            print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
