@@ -10,6 +10,7 @@ from typing import Any, cast
 import pytest
 
 from dpone.adapters.connectors.jsonl_append import JsonlAppendConnector
+from dpone.contracts.fence import FenceCapability
 from dpone.ports.connector import TargetConnectorPort
 from dpone.testing.fence_conformance import FenceConformance
 
@@ -22,6 +23,8 @@ def _lines(connector: TargetConnectorPort) -> list[dict[str, Any]]:
 
 
 class TestJsonlAppendFence(FenceConformance):
+    capability = FenceCapability.NONE
+
     @pytest.fixture
     def connector(self, tmp_path: Path) -> Iterator[TargetConnectorPort]:
         connector = JsonlAppendConnector(tmp_path / "out" / "rows.jsonl")

@@ -6,12 +6,15 @@ from typing import Any, cast
 
 import pytest
 
+from dpone.contracts.fence import FenceCapability
 from dpone.ports.connector import TargetConnectorPort
 from dpone.testing.fence_conformance import FenceConformance
 from dpone.testing.memory import InMemoryConnector
 
 
 class TestMemoryFence(FenceConformance):
+    capability = FenceCapability.TRANSACTIONAL_MARKER
+
     @pytest.fixture
     def connector(self) -> TargetConnectorPort:
         return cast(TargetConnectorPort, InMemoryConnector(table=self.table))

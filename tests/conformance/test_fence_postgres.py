@@ -10,6 +10,7 @@ import pytest
 from psycopg import sql
 
 from dpone.adapters.connectors.postgres import PostgresConnector
+from dpone.contracts.fence import FenceCapability
 from dpone.ports.connector import TargetConnectorPort
 from dpone.testing.fence_conformance import FenceConformance
 
@@ -19,6 +20,8 @@ def _pg(connector: TargetConnectorPort) -> PostgresConnector:
 
 
 class TestPostgresFence(FenceConformance):
+    capability = FenceCapability.TRANSACTIONAL_MARKER
+
     @pytest.fixture
     def connector(self, pg_available: str, pg_schema: str) -> Iterator[TargetConnectorPort]:
         # Table and fence both live in the test's own schema (dropped afterwards).

@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from dpone.adapters.connectors.sqlite import SqliteConnector
+from dpone.contracts.fence import FenceCapability
 from dpone.ports.connector import TargetConnectorPort
 from dpone.testing.fence_conformance import FenceConformance
 
@@ -20,6 +21,8 @@ def _path(connector: TargetConnectorPort) -> Path:
 
 
 class TestSqliteFence(FenceConformance):
+    capability = FenceCapability.TRANSACTIONAL_MARKER
+
     @pytest.fixture
     def connector(self, tmp_path: Path) -> Iterator[TargetConnectorPort]:
         connector = SqliteConnector(tmp_path / "target.db", table=self.table)

@@ -12,6 +12,8 @@ from dpone.testing.journal_conformance import JournalConformance
 class TestMemoryJournal(JournalConformance):
     """InMemoryCommitJournal: every conformance test except the multi-process races."""
 
+    multiprocess = False
+
     @pytest.fixture
     def journal(self) -> CommitJournalPort:
         return InMemoryCommitJournal()

@@ -82,6 +82,18 @@ class FenceConformance:
     table: ClassVar[str] = "dpone_conformance_items"
     #: Lock bound for the peer connector in zombie tests; short so the suite stays fast.
     short_lock_timeout_s: ClassVar[float] = 0.2
+    #: The connector's capability. Declare it: tests for other capabilities are then not
+    #: collected at all for the subclass (instead of being skipped at run time).
+    capability: ClassVar[FenceCapability | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.capability is None:
+            return
+        for name in dir(cls):
+            wanted = getattr(getattr(cls, name, None), "__dpone_capability__", None)
+            if name.startswith("test_") and wanted is not None and wanted is not cls.capability:
+                setattr(cls, name, None)  # pytest collects nothing for a None attribute
 
     # ----------------------------------------------------------------- hooks
 
