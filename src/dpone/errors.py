@@ -59,6 +59,7 @@ __all__ = [
     "TargetWriteFailed",
     "Unauthorized",
     "UnsafeValue",
+    "recovery_ref",
 ]
 
 
@@ -113,6 +114,11 @@ SAFE_FIELDS: tuple[str, ...] = (
     "lease_owner",
     "lease_expires_in",
 )
+
+
+def recovery_ref(operation_id: str) -> str:
+    """Return the command an operator runs next for ``operation_id`` (read-only)."""
+    return f"dpone recovery target-commit plan --operation-id {operation_id}"
 
 
 class DponeError(Exception):

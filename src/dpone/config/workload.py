@@ -81,41 +81,30 @@ def _path_template(value: str) -> str:
     return value
 
 
-class CsvSourceConfig(_Model):
-    kind: Literal["csv"]
+class _SourceConfig(_Model):
     path: str
     columns: dict[Identifier, ColumnType] | None = None
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
+        for name in value or {}:
+            _identifier(name)
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _path_template(value)
+
+
+class CsvSourceConfig(_SourceConfig):
+    kind: Literal["csv"]
     delimiter: str = Field(",", min_length=1, max_length=1)
 
-    @field_validator("columns")
-    @classmethod
-    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
-        for name in value or {}:
-            _identifier(name)
-        return value
 
-    @field_validator("path")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        return _path_template(value)
-
-
-class JsonlSourceConfig(_Model):
+class JsonlSourceConfig(_SourceConfig):
     kind: Literal["jsonl"]
-    path: str
-    columns: dict[Identifier, ColumnType] | None = None
-
-    @field_validator("columns")
-    @classmethod
-    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
-        for name in value or {}:
-            _identifier(name)
-        return value
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        return _path_template(value)
 
 
 class SqliteTargetConfig(_Model):

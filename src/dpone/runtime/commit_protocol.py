@@ -26,6 +26,7 @@ from dpone.errors import (
     JournalConflict,
     LeaseLost,
     RecoveryConflict,
+    recovery_ref,
 )
 from dpone.ports.connector import TargetConnectorPort
 from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
@@ -39,11 +40,6 @@ __all__ = ["CommitProtocol", "OperationSpec"]
 S = CommitState
 _log = logging.getLogger("dpone.runtime")
 _MAX_RESTARTS = 5
-
-
-def recovery_ref(operation_id: str) -> str:
-    """Return the command an operator runs to look at an operation."""
-    return f"dpone recovery target-commit plan --operation-id {operation_id}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

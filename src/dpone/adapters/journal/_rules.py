@@ -25,11 +25,11 @@ from dpone.errors import (
     LeaseLost,
     OperationNotFound,
     UnsafeValue,
+    recovery_ref,
 )
 
 __all__ = [
     "AUDIT_OUTCOMES",
-    "RECOVERY_REF",
     "audit_record",
     "check_identity",
     "check_move",
@@ -54,7 +54,6 @@ __all__ = [
 #: The values ``AuditRecord.outcome`` may take.
 AUDIT_OUTCOMES: frozenset[str] = frozenset({"applied", "refused"})
 #: Where an operator goes when a move needs an audited recovery action.
-RECOVERY_REF = "dpone recovery target-commit plan --operation-id"
 # Identities are digests; anything long or multi-line is a caller mistake, maybe a leak.
 _MAX_IDENTITY = 256
 
@@ -197,7 +196,7 @@ def check_move(
                 f"{move} is a recovery action and needs an audited operator request",
                 operation_id=operation_id,
                 state=frm.value,
-                recovery_ref=f"{RECOVERY_REF} {operation_id}",
+                recovery_ref=recovery_ref(operation_id),
             )
 
 
@@ -318,7 +317,7 @@ def intent_conflict(current: JournalEntry) -> IntentConflict:
         operation_id=current.operation_id,
         state=current.state.value,
         journal_version=current.version,
-        recovery_ref=f"{RECOVERY_REF} {current.operation_id}",
+        recovery_ref=recovery_ref(current.operation_id),
     )
 
 
