@@ -119,6 +119,23 @@ def test_existing_table_that_does_not_match_fails_before_any_write(tmp_path: Pat
     assert json.loads(listed.stdout) == []
 
 
+def test_not_null_column_the_load_cannot_fill_fails_before_any_write(tmp_path: Path) -> None:
+    """An extra NOT NULL column without a default is found before the journal or target change."""
+    write(tmp_path, GOOD)
+    with closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+        db.execute(
+            "CREATE TABLE orders (order_id INTEGER, customer TEXT, amount REAL, "
+            "ordered_at TEXT, region TEXT NOT NULL)"
+        )
+        db.commit()
+    proc = run_dpone(RUN, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "DPONE_TARGET_SCHEMA_MISMATCH" in proc.stderr
+    assert "'region'" in proc.stderr
+    listed = run_dpone(("journal", "list", "-w", "w.yaml", "--json"), cwd=tmp_path)
+    assert json.loads(listed.stdout) == []
+
+
 def test_changed_source_is_an_intent_conflict_exit_4(tmp_path: Path) -> None:
     """A source that changed under the same operation is exit 4 and nothing is written."""
     write(tmp_path, GOOD)

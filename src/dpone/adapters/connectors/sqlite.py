@@ -278,19 +278,40 @@ def _read_fence(conn: sqlite3.Connection, operation_id: str) -> _FenceRow | None
     return row
 
 
-def _table_columns(conn: sqlite3.Connection, table: _Table) -> set[str]:
-    """Return the lower-cased column names of ``table``; empty when it does not exist."""
-    rows = conn.execute("SELECT name FROM pragma_table_info(?, ?)", (table.name, table.schema))
-    return {str(r[0]).lower() for r in rows}
+@dataclass(frozen=True, slots=True)
+class _Existing:
+    """An existing table's lower-cased columns, and those that must be given a value."""
+
+    names: frozenset[str]
+    required: frozenset[str]  # NOT NULL, no default (an INTEGER PRIMARY KEY fills itself)
 
 
-def _check_columns(existing: set[str], plan: LoadPlan, table: _Table) -> None:
-    missing = [c.name for c in plan.columns if c.name.lower() not in existing]
+def _table_columns(conn: sqlite3.Connection, table: _Table) -> _Existing:
+    """Describe ``table``; ``names`` is empty when it does not exist."""
+    rows = conn.execute(
+        'SELECT name, "notnull", dflt_value, pk FROM pragma_table_info(?, ?)',
+        (table.name, table.schema),
+    ).fetchall()
+    return _Existing(
+        names=frozenset(str(r[0]).lower() for r in rows),
+        required=frozenset(str(r[0]).lower() for r in rows if r[1] and r[2] is None and not r[3]),
+    )
+
+
+def _check_columns(existing: _Existing, plan: LoadPlan, table: _Table) -> None:
+    missing = [c.name for c in plan.columns if c.name.lower() not in existing.names]
     if missing:
         raise TargetSchemaMismatch(
             f"table {plan.table!r} has no column(s) {', '.join(map(repr, missing))} "
             "that the load writes",
             hint=f"add the column(s) to {table.name} or drop them from the workload's columns",
+        )
+    unfilled = sorted(existing.required - {c.name.lower() for c in plan.columns})
+    if unfilled:
+        raise TargetSchemaMismatch(
+            f"table {plan.table!r} has NOT NULL column(s) {', '.join(map(repr, unfilled))} "
+            "without a default that the load does not write",
+            hint="give the column(s) a default, make them nullable, or add them to the source",
         )
 
 
@@ -588,7 +609,7 @@ class SqliteConnector:
                 existing = _table_columns(conn, table)
             except sqlite3.Error as exc:
                 raise self._translate(exc, "check_plan", None) from exc
-        if existing:
+        if existing.names:
             _check_columns(existing, plan, table)
 
     def prepare(self, *, operation_id: str, intent_digest: str, epoch: int) -> FenceObservation:
@@ -633,7 +654,7 @@ class SqliteConnector:
                     operation_id=operation_id,
                 )
             existing = _table_columns(conn, table)
-            if existing:
+            if existing.names:
                 _check_columns(existing, plan, table)
             else:
                 conn.execute(create_sql)
