@@ -418,6 +418,10 @@ def _table_info(cur: psycopg.Cursor[Any], table: _Table) -> _TableInfo | None:
     return _TableInfo(oid=int(row[0]), kind=str(row[1]), columns=frozenset(row[2]))
 
 
+def _verified_key(plan: LoadPlan) -> tuple[object, ...]:
+    return (plan.table, plan.strategy, plan.key, tuple((c.name, c.type) for c in plan.columns))
+
+
 def _check_table(cur: psycopg.Cursor[Any], info: _TableInfo, plan: _Plan, raw: str) -> None:
     """Refuse a relation that cannot take the plan's rows: not a table, missing columns/key."""
     if info.kind not in _WRITABLE_KINDS:
@@ -635,6 +639,10 @@ class PostgresConnector:
         self._sql = _Statements.build(self._fence_schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._fence_ready = False
+        # Tables already found able to take a plan's rows (a committed fact, checked once
+        # per connector): saves catalog round trips on every small operation. The write
+        # itself still fails safely (rolled back) if the table changed since.
+        self._verified: set[tuple[object, ...]] = set()
         self._lock = threading.RLock()  # re-entrant: within() may call back into observe
 
     @property
@@ -774,12 +782,15 @@ class PostgresConnector:
     def check_plan(self, plan: LoadPlan) -> None:
         """Check, read-only, that the table (if it exists) has every column and the merge key."""
         checked = self._plan(plan)
+        if _verified_key(plan) in self._verified:
+            return
         with self._session(action="check_plan", operation_id=None) as conn, conn.cursor() as cur:
             info = _table_info(cur, checked.table)
             if info is None:
                 _require_schema(cur, checked, plan.table)
             else:
                 _check_table(cur, info, checked, plan.table)
+                self._verified.add(_verified_key(plan))
 
     def prepare(self, *, operation_id: str, intent_digest: str, epoch: int) -> FenceObservation:
         """Install the fence or raise its epoch; never lower it, never touch a committed row."""
@@ -870,7 +881,9 @@ class PostgresConnector:
                         "the fence was prepared for another intent digest; nothing was written",
                         operation_id=operation_id,
                     )
-                self._prepare_table(cur, checked, plan.table)
+                key = _verified_key(plan)
+                if key not in self._verified and self._prepare_table(cur, checked, plan.table):
+                    self._verified.add(key)
                 count = self._load(cur, checked, plan, batches, operation_id=operation_id)
                 cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
                 if cur.rowcount != 1:  # impossible under the row lock; refuse, never guess
@@ -910,7 +923,8 @@ class PostgresConnector:
             # lock, so this read is current.
         return _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
 
-    def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> None:
+    def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> bool:
+        """Create the table or check it; True when it existed before this transaction."""
         info = _table_info(cur, plan.table)
         if info is None:
             _require_schema(cur, plan, raw)
@@ -925,12 +939,13 @@ class PostgresConnector:
                     # the whole transaction.
                     with cur.connection.transaction():
                         cur.execute(_create_table(plan))
-                    return
+                    return False  # created here: rolled back with us if we fail
                 except _DUPLICATE_OBJECT:
                     info = _table_info(cur, plan.table)
                     if info is None:
                         raise
         _check_table(cur, info, plan, raw)
+        return True
 
     def _load(
         self,
