@@ -17,7 +17,7 @@ from dpone.config.workload import Workload, load_workload
 from dpone.contracts.identity import Interval, parse_interval
 from dpone.contracts.result import OperationResult
 from dpone.runtime.commit_protocol import CommitProtocol
-from dpone.runtime.executor import executor_label
+from dpone.runtime.executor import new_owner
 
 __all__ = ["RunContext", "Runner", "run_operation"]
 
@@ -78,7 +78,7 @@ class Runner:
             journal=self._route.journal,
             connector=self._route.connector,
             source=source,
-            owner=executor_label(),
+            owner=new_owner(),
             atomic_journal=self._route.atomic,
             on_rows=on_rows,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -366,3 +368,36 @@ def test_stale_caller_rereads_and_never_writes_twice(world: World) -> None:
     assert epochs == {3}  # completed by B at its own epoch, never by A
     assert history[-1].to_state is S.COMPLETE
     assert history[-1].kind != "lease"  # A's restart saw COMPLETE and took no lease
+
+
+def test_happy_path_writes_the_journal_three_times_and_ends_the_lease(world: World) -> None:
+    """Forward mode: create+lease, COMMITTING, COMPLETE (ADR 0002); the lease ends with it."""
+    world.executor().run(spec())
+    entry = world.journal.get(OP)
+    assert entry is not None
+    assert entry.version == 3
+    assert entry.lease_owner is None
+    assert len({t.version for t in world.journal.history(OP)}) == 3
+
+
+def test_stale_first_attempt_restarts_and_replays(world: World) -> None:
+    """A first attempt overtaken between create and COMMITTING ends in a replay, not an error."""
+    import threading
+
+    s = dataclasses.replace(spec(), lease_ttl_seconds=0.05)
+    failpoints.configure("after:journal.create=sleep(0.3)")
+    results = {}
+
+    def b() -> None:
+        time.sleep(0.1)  # A created the entry and sleeps; its lease (50 ms) has expired
+        results["b"] = world.executor("host-b:2:2").run(s)
+
+    other = threading.Thread(target=b)
+    other.start()
+    a = world.executor("host-a:1:1").run(s)
+    other.join()
+    assert results["b"].state is S.COMPLETE
+    assert not results["b"].replayed
+    assert a.state is S.COMPLETE
+    assert a.replayed
+    assert len(world.target.rows()) == len(ROWS)

@@ -168,6 +168,9 @@ class CommitProtocol:
                 ttl_seconds=spec.lease_ttl_seconds,
             ):
                 return self._dispatch(spec, entry, resumed=resumed)
+        except JournalConflict:
+            # someone moved the entry since our lease: we are stale, start over (section 8)
+            raise self._stale_or_conflict(entry, "the journal entry moved") from None
         finally:
             self._release(entry)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from functools import cache
 
-__all__ = ["executor_label", "proven_dead"]
+__all__ = ["executor_label", "new_owner", "proven_dead"]
+
+_instances = itertools.count(1)
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -28,6 +31,15 @@ def executor_label() -> str:
     return f"{socket.gethostname()}:{pid}:{_start_ticks(pid) or '0'}"
 
 
+def new_owner() -> str:
+    """Return ``host:pid:start:n``: a lease owner unique to one executor in this process.
+
+    Two executors in one process (threads of one Runner) must never look like the same
+    lease owner: each would take the other's lease for its own and share its epoch.
+    """
+    return f"{executor_label()}:{next(_instances)}"
+
+
 def proven_dead(label: str | None) -> bool:
     """Return True only when ``label`` names a process on this host that no longer runs.
 
@@ -35,10 +47,13 @@ def proven_dead(label: str | None) -> bool:
     journal's clock. Safety never rests on this check (the fence epoch does); it only
     spares a retry on the same machine from waiting out the lease.
     """
-    if not label or label == executor_label():
+    if not label:
         return False
     host, _, rest = label.partition(":")
-    pid_text, _, start = rest.partition(":")
+    pid_text, _, rest = rest.partition(":")
+    start = rest.partition(":")[0]  # an executor number may follow
+    if f"{host}:{pid_text}:{start}" == executor_label():
+        return False  # this very process is alive
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
     current = _start_ticks(int(pid_text))

@@ -339,7 +339,7 @@ def conflict(
         f"in {current.state.value} at epoch {current.lease_epoch}; re-read it and decide again",
         operation_id=current.operation_id,
         state=current.state.value,
-        journal_version=expected_version,
+        journal_version=current.version,
         current_version=current.version,
         current_state=current.state.value,
     )
