@@ -423,3 +423,25 @@ def test_none_route_source_error_shows_its_cause(tmp_path: Path) -> None:
     proc = run_dpone(RUN, cwd=tmp_path)
     assert proc.returncode == 3
     assert "DPONE_SOURCE_INVALID" in proc.stderr
+
+
+def test_looking_after_a_clean_run_creates_no_wal_files(tmp_path: Path) -> None:
+    """After a clean run (no -wal files left), looking leaves the directory exactly as it was."""
+    write(tmp_path, GOOD)
+    done = json.loads(run_dpone((*RUN, "--json"), cwd=tmp_path).stdout)
+    before = _tree(tmp_path)
+    assert not any(name.endswith(("-wal", "-shm")) for name in before)
+    for args in (
+        ("journal", "list", "-w", "w.yaml"),
+        (
+            "recovery",
+            "target-commit",
+            "inspect",
+            "--operation-id",
+            done["operation_id"],
+            "-w",
+            "w.yaml",
+        ),
+    ):
+        assert run_dpone(args, cwd=tmp_path).returncode == 0
+    assert _tree(tmp_path) == before

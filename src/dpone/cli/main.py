@@ -305,23 +305,29 @@ def journal_list(
     if as_json:
         _emit_json([_entry_json(e) for e in entries])
         return
-    table = Table("state", "version", "workload", "interval", "rows", "updated")
-    # the full id, never cut: operators copy it into recovery commands
-    table.add_column("operation_id", no_wrap=True, min_width=71)
-    for e in entries:
-        rows = (e.result or {}).get("rows_written", "")
-        table.add_row(
-            *_cells(
-                e.state.value,
-                str(e.version),
-                str(e.metadata.get("workload_id", "")),
-                str(e.metadata.get("interval", "")),
-                str(rows),
-                _ts(e.updated_at),
-                e.operation_id,
-            )
+    lines = [
+        (
+            e.operation_id,
+            e.state.value,
+            str(e.version),
+            str(e.metadata.get("workload_id", "")),
+            str(e.metadata.get("interval", "")),
+            str((e.result or {}).get("rows_written", "")),
+            _ts(e.updated_at),
         )
-    out.print(table)
+        for e in entries
+    ]
+    headers = ("operation_id", "state", "version", "workload", "interval", "rows", "updated")
+    if not out.is_terminal:
+        # piped or logged: whole lines, never cut, easy to grep and copy ids from
+        for line in (headers, *lines):
+            out.print("\t".join(line), markup=False, highlight=False, soft_wrap=True)
+    else:
+        table = Table(*headers[1:])
+        table.add_column("operation_id", no_wrap=True)  # copied into recovery commands
+        for line in lines:
+            table.add_row(*_cells(*line[1:], line[0]))
+        out.print(table)
     unresolved = [e for e in entries if e.state is CommitState.COMMIT_UNKNOWN]
     if unresolved:
         err.print(

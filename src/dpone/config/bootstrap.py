@@ -109,7 +109,10 @@ def open_journal(
         )
     if url.startswith(("postgresql://", "postgres://")):
         postgres = _postgres_module("journal")
-        return cast(CommitJournalPort, postgres.PostgresCommitJournal(url, schema=schema))
+        return cast(
+            CommitJournalPort,
+            postgres.PostgresCommitJournal(url, schema=schema, read_only=read_only),
+        )
     raise ConfigInvalid(
         f"{field_name} URL scheme is not supported",
         field=field_name,

@@ -10,6 +10,8 @@ from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Tra
 from dpone.contracts.states import CommitState
 from dpone.errors import (
     DponeError,
+    FenceUnavailable,
+    JournalConflict,
     LeaseHeld,
     OperationNotFound,
     RecoveryRefused,
@@ -187,13 +189,21 @@ class RecoveryService:
         entry = self._entry(operation_id)
         try:
             return self._apply(entry, action, expected_version, request, attest_no_live_writer)
-        except (Unauthorized, RecoveryRefused) as refused:
+        except (Unauthorized, RecoveryRefused, JournalConflict, FenceUnavailable) as refused:
             try:
+                # audit against what the journal holds now (the lease may have moved it)
+                current = self._journal.get(operation_id) or entry
                 self._journal.append_audit(
-                    operation_id=operation_id, request=request, outcome="refused", entry=entry
+                    operation_id=operation_id, request=request, outcome="refused", entry=current
                 )
             except DponeError:
                 pass  # the refusal itself is the primary outcome
+            if isinstance(refused, JournalConflict):
+                raise RecoveryRefused(
+                    "the operation moved since you looked",
+                    operation_id=operation_id,
+                    hint="run plan again and pass the version it shows",
+                ) from None
             raise refused from None
 
     def _apply(
@@ -241,7 +251,8 @@ class RecoveryService:
         if not none_route:
             # look before taking the lease: a refusal then leaves the version untouched
             self._check_observed(entry, action)
-        leased = self._lease(entry, expected_version, request.principal)
+        # on a none route nothing fences a paused writer: wait out its lease (section 9)
+        leased = self._lease(entry, expected_version, request.principal, break_dead=not none_route)
         try:
             self._check_fence(leased, action, none_route)
             failpoints.hit("before:recovery.apply")
@@ -258,13 +269,18 @@ class RecoveryService:
             failpoints.hit("after:recovery.apply")
             return applied
         finally:
-            self._journal.release_lease(
-                operation_id=op,
-                owner=f"recovery:{request.principal}",
-                lease_epoch=leased.lease_epoch,
-            )
+            try:
+                self._journal.release_lease(
+                    operation_id=op,
+                    owner=f"recovery:{request.principal}",
+                    lease_epoch=leased.lease_epoch,
+                )
+            except DponeError:
+                pass  # secondary: the lease expires by itself; the outcome above stands
 
-    def _lease(self, entry: JournalEntry, expected_version: int, principal: str) -> JournalEntry:
+    def _lease(
+        self, entry: JournalEntry, expected_version: int, principal: str, *, break_dead: bool
+    ) -> JournalEntry:
         """Take the lease at a fresh epoch: it fences every earlier executor."""
         owner = f"recovery:{principal}"
         try:
@@ -275,7 +291,7 @@ class RecoveryService:
                 expected_version=expected_version,
             )
         except LeaseHeld as held:
-            if proven_dead(held.lease_owner):
+            if break_dead and proven_dead(held.lease_owner):
                 return self._journal.acquire_lease(
                     operation_id=entry.operation_id,
                     owner=owner,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Iterator, Sequence
@@ -120,37 +121,67 @@ class InMemoryConnector:
         prepare: bool = False,
     ) -> MutationReport:
         with self._locked():
-            if prepare:
-                self._prepare_locked(operation_id, intent_digest, epoch)
-            fence = self._store.fences.get(operation_id)
-            if fence is None or fence.state != "prepared" or fence.epoch != epoch:
-                raise FencedOut(
-                    "the fence is not prepared at this epoch", operation_id=operation_id
+            # like a database transaction: a failed write leaves the fence as it was
+            saved = self._store.fences.get(operation_id)
+            saved = None if saved is None else dataclasses.replace(saved)
+            try:
+                return self._mutate_locked(
+                    operation_id,
+                    intent_digest,
+                    epoch,
+                    plan,
+                    batches,
+                    content_digest,
+                    within,
+                    prepare=prepare,
                 )
-            names = [c.name for c in plan.columns]
-            current = list(self._store.tables.get(plan.table, []))
-            incoming = []
-            for batch in batches:
-                for row in batch:
-                    if len(row) != len(names):
-                        raise TargetWriteFailed(
-                            f"a row does not have the plan's {len(names)} values; "
-                            "nothing was written",
-                            operation_id=operation_id,
-                        )
-                    incoming.append(
-                        {n: (None if v == "" else v) for n, v in zip(names, row, strict=True)}
+            except BaseException:
+                if saved is None:
+                    self._store.fences.pop(operation_id, None)
+                else:
+                    self._store.fences[operation_id] = saved
+                raise
+
+    def _mutate_locked(
+        self,
+        operation_id: str,
+        intent_digest: str,
+        epoch: int,
+        plan: LoadPlan,
+        batches: Rows,
+        content_digest: str,
+        within: WithinTransaction | None,
+        *,
+        prepare: bool,
+    ) -> MutationReport:
+        if prepare:
+            self._prepare_locked(operation_id, intent_digest, epoch)
+        fence = self._store.fences.get(operation_id)
+        if fence is None or fence.state != "prepared" or fence.epoch != epoch:
+            raise FencedOut("the fence is not prepared at this epoch", operation_id=operation_id)
+        names = [c.name for c in plan.columns]
+        current = list(self._store.tables.get(plan.table, []))
+        incoming = []
+        for batch in batches:
+            for row in batch:
+                if len(row) != len(names):
+                    raise TargetWriteFailed(
+                        f"a row does not have the plan's {len(names)} values; nothing was written",
+                        operation_id=operation_id,
                     )
-            table = _apply(plan, current, incoming)
-            if within is not None:
-                within(self)
-            # "commit": data and fence become visible together
-            self._store.tables[plan.table] = table
-            fence.state = "committed"
-            fence.row_count = len(incoming)
-            fence.content_digest = content_digest
-            fence.intent_digest = intent_digest
-            return MutationReport(row_count=len(incoming), content_digest=content_digest)
+                incoming.append(
+                    {n: (None if v == "" else v) for n, v in zip(names, row, strict=True)}
+                )
+        table = _apply(plan, current, incoming)
+        if within is not None:
+            within(self)
+        # "commit": data and fence become visible together
+        self._store.tables[plan.table] = table
+        fence.state = "committed"
+        fence.row_count = len(incoming)
+        fence.content_digest = content_digest
+        fence.intent_digest = intent_digest
+        return MutationReport(row_count=len(incoming), content_digest=content_digest)
 
     def observe(self, *, operation_id: str) -> FenceObservation:
         with self._locked():

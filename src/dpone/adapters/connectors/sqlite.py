@@ -533,8 +533,11 @@ class SqliteConnector:
             # A read before any write (recovery inspect/plan): open the file read-only, so
             # looking never creates, converts (WAL) or checkpoints anything.
             try:
+                wal = self._path.with_name(self._path.name + "-wal")
+                # no -wal file: all pages are in the main file; immutable needs no -shm
+                suffix = "" if wal.exists() else "&immutable=1"
                 reader = sqlite3.connect(
-                    f"{self._path.as_uri()}?mode=ro", uri=True, timeout=self._lock_timeout_s
+                    f"{self._path.as_uri()}?mode=ro{suffix}", uri=True, timeout=self._lock_timeout_s
                 )
             except sqlite3.Error as exc:
                 raise self._translate(exc, action, operation_id) from exc

@@ -384,7 +384,10 @@ class PostgresCommitJournal:
         pool_max: int = 4,
         lock_timeout_s: float = 10.0,
         connect_timeout_s: float = 5.0,
+        read_only: bool = False,
     ) -> None:
+        # read_only (list, history, inspect, plan): never create or migrate a schema
+        self._read_only = read_only
         self._locator = _pg.pg_locator(dsn) if isinstance(dsn, str) and dsn.strip() else ""
         if not self._locator:
             raise ConfigInvalid("the PostgreSQL journal needs a DSN", field="journal")
@@ -1013,8 +1016,16 @@ class PostgresCommitJournal:
         return applied
 
     def _migrate_on(self, conn: _Conn) -> list[int]:
-        if self._installed_version(conn, missing_ok=True) == SCHEMA_VERSION:
+        installed = self._installed_version(conn, missing_ok=True)
+        if installed == SCHEMA_VERSION:
             return []  # the usual case: one read, no lock
+        if self._read_only:
+            raise ConfigInvalid(
+                f"{self._where} has no dpone journal (schema version {installed}); nothing "
+                "has run against it, or the URL or journal_schema is wrong",
+                field="journal",
+                hint="check the journal URL and journal_schema; dpone run creates the journal",
+            )
         applied: list[int] = []
         with conn.transaction():
             # Creating tables in an existing journal may wait on locks: keep lock_timeout,

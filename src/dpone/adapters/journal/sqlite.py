@@ -166,6 +166,7 @@ class SqliteCommitJournal:
         # read_only (inspect, plan, list, history): never create, convert or migrate the
         # file; a journal that does not exist yet reads as empty.
         self._read_only = read_only
+        self._applied: list[int] = []  # schema versions this process applied on open
         self._missing = read_only and not self._path.is_file()
         if read_only:
             return
@@ -178,6 +179,14 @@ class SqliteCommitJournal:
         except BaseException:
             self.close()
             raise
+
+    def migrate(self) -> list[int]:
+        """Return the schema versions applied when this journal was opened (it migrates then).
+
+        Opening is idempotent and safe under concurrency (``BEGIN IMMEDIATE``), so the
+        schema is always current once the constructor returns.
+        """
+        return list(self._applied)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -591,7 +600,7 @@ class SqliteCommitJournal:
                     pass  # a finished thread's connection; nothing depends on it
             self._conns = alive
             conn = sqlite3.connect(
-                f"{self._path.as_uri()}?mode=ro" if self._read_only else str(self._path),
+                _read_only_uri(self._path) if self._read_only else str(self._path),
                 uri=self._read_only,
                 timeout=self._busy_timeout_s,
                 isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
@@ -630,6 +639,7 @@ class SqliteCommitJournal:
         """Bring the schema to SCHEMA_VERSION; a no-op read when it is already there."""
         if self._schema_version(conn) == SCHEMA_VERSION:
             return
+        before = self._schema_version(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(
@@ -646,6 +656,7 @@ class SqliteCommitJournal:
                     (version,),
                 )
             conn.execute("COMMIT")
+            self._applied = list(range(before + 1, SCHEMA_VERSION + 1))
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -959,3 +970,14 @@ if TYPE_CHECKING:
     def _conforms(journal: SqliteCommitJournal) -> TransactionalJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
         return journal
+
+
+def _read_only_uri(path: Path) -> str:
+    """A URI that reads ``path`` without creating anything next to it.
+
+    Without a ``-wal`` file every committed page is in the main file (the last writer
+    checkpointed on close), so ``immutable=1`` reads it without a ``-shm`` file; with a
+    ``-wal`` file present the WAL must be read, which ``mode=ro`` does.
+    """
+    wal = path.with_name(path.name + "-wal")
+    return f"{path.as_uri()}?mode=ro" + ("" if wal.exists() else "&immutable=1")
