@@ -1,3 +1,3 @@
 """Shared fixtures: see tests/fixtures/."""
 
-pytest_plugins = ["tests.fixtures.pg"]
+pytest_plugins = ["tests.fixtures.pg", "tests.fixtures.mariadb"]
