@@ -30,10 +30,13 @@ from dpone.runtime.commit_protocol import OperationSpec
 
 from .workload import (
     CsvSourceConfig,
+    DuckDbTargetConfig,
     JsonlAppendTargetConfig,
+    MariaDbTargetConfig,
     PostgresTargetConfig,
     SqliteTargetConfig,
     Workload,
+    resolve_file_url,
     resolve_sqlite_url,
 )
 
@@ -108,7 +111,7 @@ def open_journal(
             resolve_sqlite_url(url, base_dir=base_dir, field=field_name), read_only=read_only
         )
     if url.startswith(("postgresql://", "postgres://")):
-        postgres = _postgres_module("journal")
+        postgres = _adapter_module("journal.postgres", extra="postgres", role="journal")
         return cast(
             CommitJournalPort,
             postgres.PostgresCommitJournal(url, schema=schema, read_only=read_only),
@@ -120,17 +123,17 @@ def open_journal(
     )
 
 
-def _postgres_module(role: str) -> Any:
+def _adapter_module(name: str, *, extra: str, role: str) -> Any:
+    """Import an adapter that needs an optional dependency, or say which extra to install."""
     import importlib
 
-    name = "journal" if role == "journal" else "connectors"
     try:
-        return importlib.import_module(f"dpone.adapters.{name}.postgres")
+        return importlib.import_module(f"dpone.adapters.{name}")
     except ImportError:
         raise ConfigInvalid(
-            "PostgreSQL needs the postgres extra (psycopg 3)",
+            f"this {role} needs the {extra} extra",
             field=role,
-            hint="pip install 'dpone[postgres]'",
+            hint=f"pip install 'dpone[{extra}]'",
         ) from None
 
 
@@ -144,7 +147,7 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
         path = resolve_sqlite_url(url, base_dir=workload.base_dir, field=field_name)
         return cast(TargetConnectorPort, SqliteConnector(path, table=target.table))
     if isinstance(target, PostgresTargetConfig):
-        postgres = _postgres_module("target")
+        postgres = _adapter_module("connectors.postgres", extra="postgres", role="target")
         return cast(
             TargetConnectorPort,
             postgres.PostgresConnector(
@@ -152,6 +155,32 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
                 table=target.table,
                 fence_schema=target.fence_schema,
                 lock_timeout_s=target.lock_timeout_seconds,
+            ),
+        )
+    if isinstance(target, MariaDbTargetConfig):
+        module = _adapter_module("connectors.mariadb", extra="mysql", role="target")
+        return cast(
+            TargetConnectorPort,
+            module.MariaDbConnector(
+                workload.target_url(dict(environ)),
+                table=target.table,
+                fence_schema=target.fence_schema,
+                lock_timeout_s=target.lock_timeout_seconds,
+            ),
+        )
+    if isinstance(target, DuckDbTargetConfig):
+        module = _adapter_module("connectors.duckdb", extra="duckdb", role="target")
+        field_name = "target.url" if target.url is not None else "target.url_env"
+        path = resolve_file_url(
+            workload.target_url(dict(environ)),
+            scheme="duckdb",
+            base_dir=workload.base_dir,
+            field=field_name,
+        )
+        return cast(
+            TargetConnectorPort,
+            module.DuckDbConnector(
+                path, table=target.table, lock_timeout_s=target.lock_timeout_seconds
             ),
         )
     if isinstance(target, JsonlAppendTargetConfig):

@@ -23,9 +23,11 @@ from dpone.errors import ConfigInvalid
 
 __all__ = [
     "CsvSourceConfig",
+    "DuckDbTargetConfig",
     "JsonlAppendTargetConfig",
     "JsonlSourceConfig",
     "LoadConfig",
+    "MariaDbTargetConfig",
     "PostgresTargetConfig",
     "RecoveryPolicy",
     "SqliteTargetConfig",
@@ -150,6 +152,33 @@ class PostgresTargetConfig(_Model):
         return self
 
 
+class _UrlTargetConfig(_Model):
+    url: str | None = None
+    url_env: str | None = None
+    table: str
+    lock_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        return _identifier(value, qualified=True)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> _UrlTargetConfig:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url or url_env")
+        return self
+
+
+class MariaDbTargetConfig(_UrlTargetConfig):
+    kind: Literal["mariadb", "mysql"]
+    fence_schema: Identifier | None = None
+
+
+class DuckDbTargetConfig(_UrlTargetConfig):
+    kind: Literal["duckdb"]
+
+
 class JsonlAppendTargetConfig(_Model):
     kind: Literal["jsonl_append"]
     path: str
@@ -203,7 +232,11 @@ class Workload(_Model):
     lease_ttl_seconds: float = Field(60.0, gt=0, le=86_400)
     source: Annotated[CsvSourceConfig | JsonlSourceConfig, Field(discriminator="kind")]
     target: Annotated[
-        SqliteTargetConfig | PostgresTargetConfig | JsonlAppendTargetConfig,
+        SqliteTargetConfig
+        | PostgresTargetConfig
+        | MariaDbTargetConfig
+        | DuckDbTargetConfig
+        | JsonlAppendTargetConfig,
         Field(discriminator="kind"),
     ]
     load: LoadConfig
@@ -249,7 +282,7 @@ class Workload(_Model):
         """Return the target URL from ``url`` or the variable ``url_env`` names."""
         env = os.environ if environ is None else environ
         target = self.target
-        if not isinstance(target, SqliteTargetConfig | PostgresTargetConfig):
+        if not isinstance(target, SqliteTargetConfig | PostgresTargetConfig | _UrlTargetConfig):
             raise ConfigInvalid("this target has no URL", field="target")
         if target.url is not None:
             return target.url
@@ -262,6 +295,16 @@ class Workload(_Model):
                 hint=f"export {name}=<the target's URL>",
             )
         return value
+
+
+def resolve_file_url(url: str, *, scheme: str, base_dir: Path, field: str) -> Path:
+    """Turn ``<scheme>:///rel.db`` or ``<scheme>:////abs.db`` into an absolute path."""
+    if not url.startswith(f"{scheme}:"):
+        raise ConfigInvalid(
+            f"{field} must be a {scheme} URL such as {scheme}:///warehouse.{scheme}",
+            field=field,
+        )
+    return resolve_sqlite_url("sqlite:" + url[len(scheme) + 1 :], base_dir=base_dir, field=field)
 
 
 def resolve_sqlite_url(url: str, *, base_dir: Path, field: str) -> Path:
