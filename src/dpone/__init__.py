@@ -6,18 +6,14 @@ The public API is :func:`run_operation`; everything else is reached through the
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+from dpone._version import __version__
 
 if TYPE_CHECKING:
     from dpone.api import RunContext, Runner, run_operation
 
 __all__ = ["RunContext", "Runner", "__version__", "run_operation"]
-
-try:
-    __version__ = version("dpone")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
