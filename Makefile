@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,mysql,duckdb]'
+	$(BIN)/python -m pip install --quiet --no-deps -e examples/dpone-example-connector
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,8 +23,8 @@ test: $(STAMP) lint typing layers
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 typing: $(STAMP)
 	$(BIN)/mypy

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import dpone
+from dpone.contracts.fence import FenceCapability
 from dpone.contracts.identity import (
     CLI_DAG_ID,
     Interval,
@@ -29,10 +30,12 @@ from dpone.runtime import failpoints
 from dpone.runtime.commit_protocol import OperationSpec
 
 from .workload import (
+    CONNECTOR_GROUP,
     CsvSourceConfig,
     DuckDbTargetConfig,
     JsonlAppendTargetConfig,
     MariaDbTargetConfig,
+    PluginTargetConfig,
     PostgresTargetConfig,
     SqliteTargetConfig,
     Workload,
@@ -123,6 +126,36 @@ def open_journal(
     )
 
 
+def _plugin_connector(
+    target: PluginTargetConfig, workload: Workload, environ: Mapping[str, str]
+) -> TargetConnectorPort:
+    """Build a third-party connector from its ``dpone.connectors`` entry point.
+
+    The entry point is a factory ``(options, *, base_dir, environ) -> connector``; the
+    connector declares its capability as data (``connector.capability``).
+    """
+    from importlib.metadata import entry_points
+
+    [point] = entry_points(group=CONNECTOR_GROUP, name=target.kind)
+    try:
+        factory = point.load()
+    except Exception as exc:  # noqa: BLE001 - a broken plugin must not crash with a traceback
+        raise ConfigInvalid(
+            f"the connector package for target kind {target.kind!r} failed to load "
+            f"({type(exc).__name__})",
+            field="target.kind",
+            hint="reinstall the connector package or check its entry point",
+        ) from None
+    connector = factory(target.options(), base_dir=workload.base_dir, environ=environ)
+    if not isinstance(getattr(connector, "capability", None), FenceCapability):
+        raise ConfigInvalid(
+            f"the connector for target kind {target.kind!r} declares no fence capability",
+            field="target.kind",
+            hint="a connector must expose capability: dpone.contracts.fence.FenceCapability",
+        )
+    return cast(TargetConnectorPort, connector)
+
+
 def _adapter_module(name: str, *, extra: str, role: str) -> Any:
     """Import an adapter that needs an optional dependency, or say which extra to install."""
     import importlib
@@ -183,6 +216,8 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
                 path, table=target.table, lock_timeout_s=target.lock_timeout_seconds
             ),
         )
+    if isinstance(target, PluginTargetConfig):
+        return _plugin_connector(target, workload, environ)
     if isinstance(target, JsonlAppendTargetConfig):
         from dpone.adapters.connectors.jsonl_append import JsonlAppendConnector
 

@@ -12,7 +12,9 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -28,6 +30,7 @@ __all__ = [
     "JsonlSourceConfig",
     "LoadConfig",
     "MariaDbTargetConfig",
+    "PluginTargetConfig",
     "PostgresTargetConfig",
     "RecoveryPolicy",
     "SqliteTargetConfig",
@@ -179,6 +182,47 @@ class DuckDbTargetConfig(_UrlTargetConfig):
     kind: Literal["duckdb"]
 
 
+#: Entry-point group third-party connector packages register their factories in.
+CONNECTOR_GROUP = "dpone.connectors"
+_BUILTIN_TARGETS = ("sqlite", "postgres", "mariadb", "mysql", "duckdb", "jsonl_append")
+
+
+def plugin_kinds() -> list[str]:
+    """Names of installed third-party connectors (reads metadata, imports nothing)."""
+    from importlib.metadata import entry_points
+
+    return sorted(ep.name for ep in entry_points(group=CONNECTOR_GROUP))
+
+
+class PluginTargetConfig(BaseModel):
+    """A target of a third-party connector; its options go to the connector's factory."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str
+
+    @field_validator("kind")
+    @classmethod
+    def _installed(cls, value: str) -> str:
+        if value not in plugin_kinds():
+            raise ValueError(
+                f"unknown target kind {value!r}: built-in kinds are "
+                f"{', '.join(_BUILTIN_TARGETS)}; installed connector packages provide "
+                f"{', '.join(plugin_kinds()) or 'none'}"
+            )
+        return value
+
+    def options(self) -> dict[str, object]:
+        """The options given beside ``kind``."""
+        return dict(self.model_extra or {})
+
+
+def _target_tag(value: object) -> str:
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    if kind == "mysql":
+        return "mariadb"
+    return kind if kind in _BUILTIN_TARGETS else "plugin"
+
+
 class JsonlAppendTargetConfig(_Model):
     kind: Literal["jsonl_append"]
     path: str
@@ -232,12 +276,13 @@ class Workload(_Model):
     lease_ttl_seconds: float = Field(60.0, gt=0, le=86_400)
     source: Annotated[CsvSourceConfig | JsonlSourceConfig, Field(discriminator="kind")]
     target: Annotated[
-        SqliteTargetConfig
-        | PostgresTargetConfig
-        | MariaDbTargetConfig
-        | DuckDbTargetConfig
-        | JsonlAppendTargetConfig,
-        Field(discriminator="kind"),
+        Annotated[SqliteTargetConfig, Tag("sqlite")]
+        | Annotated[PostgresTargetConfig, Tag("postgres")]
+        | Annotated[MariaDbTargetConfig, Tag("mariadb")]
+        | Annotated[DuckDbTargetConfig, Tag("duckdb")]
+        | Annotated[JsonlAppendTargetConfig, Tag("jsonl_append")]
+        | Annotated[PluginTargetConfig, Tag("plugin")],
+        Discriminator(_target_tag),
     ]
     load: LoadConfig
     recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
@@ -342,6 +387,11 @@ def resolve_sqlite_url(url: str, *, base_dir: Path, field: str) -> Path:
     return path
 
 
+_UNION_TAGS = frozenset(
+    {"csv", "jsonl", "sqlite", "postgres", "mariadb", "duckdb", "jsonl_append", "plugin"}
+)
+
+
 def _format(error: ValidationError) -> ConfigInvalid:
     lines = []
     first_field = None
@@ -349,8 +399,9 @@ def _format(error: ValidationError) -> ConfigInvalid:
         loc = ".".join(
             str(p) for p in item["loc"] if not str(p).startswith(("function-", "tagged"))
         )
-        loc = loc.replace(".csv.", ".").replace(".jsonl.", ".").replace(".sqlite.", ".")
-        loc = loc.replace(".jsonl_append.", ".")
+        # drop the union tags pydantic puts in the location: "target.sqlite.url" -> "target.url"
+        parts = [p for p in loc.split(".") if p not in _UNION_TAGS]
+        loc = ".".join(parts)
         first_field = first_field or loc or "workload"
         message = item["msg"].removeprefix("Value error, ")
         fix = _FIXES.get(item["type"], "")

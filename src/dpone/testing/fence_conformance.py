@@ -85,6 +85,16 @@ class FenceConformance:
     #: The connector's capability. Declare it: tests for other capabilities are then not
     #: collected at all for the subclass (instead of being skipped at run time).
     capability: ClassVar[FenceCapability | None] = None
+    #: The load strategies the connector supports; each is tested, the others are not.
+    strategies: ClassVar[frozenset[LoadStrategy]] = frozenset(LoadStrategy)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Parametrize the strategy test with the strategies this connector declares."""
+        if "case" in metafunc.fixturenames:
+            cases = [
+                name for name, spec in self._STRATEGY_CASES.items() if spec[0] in self.strategies
+            ]
+            metafunc.parametrize("case", cases)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -573,7 +583,6 @@ class FenceConformance:
     }
 
     @needs(_MARKER)
-    @pytest.mark.parametrize("case", list(_STRATEGY_CASES))
     def test_strategy_applied_by_two_operations(
         self, connector: TargetConnectorPort, case: str
     ) -> None:

@@ -1,0 +1,1 @@
+"""An example third-party dpone connector (see docs/connector-fence-guide.md)."""
