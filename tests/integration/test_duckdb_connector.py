@@ -310,3 +310,17 @@ def test_a_file_held_by_another_process_is_unavailable_within_the_bound(db: Path
         assert connector.seal(operation_id=op, epoch=2).outcome.value == "not_committed"
     finally:
         connector.close()
+
+
+def test_observe_while_another_connector_of_this_process_writes(
+    connector: DuckDbConnector, db: Path
+) -> None:
+    op, _ = _load(connector, [(1, "a", 1.0)])
+    other = DuckDbConnector(db, table="items", lock_timeout_s=0.5)
+    try:
+        started = time.monotonic()
+        seen = other.observe(operation_id=op)
+        assert time.monotonic() - started < 0.5
+        assert (seen.status, seen.row_count) == (FenceStatus.COMMITTED, 1)
+    finally:
+        other.close()

@@ -81,7 +81,7 @@ _COLUMN_RES = (
     re.compile(rf"NOT NULL constraint failed: (?:{_NAME}\.)?({_NAME})"),
     re.compile(rf'Duplicate key "({_NAME}):'),
 )
-_LOCK_HELD_RE = re.compile(r"Could not set lock|Conflicting lock|different configuration")
+_LOCK_HELD_RE = re.compile(r"Could not set lock|Conflicting lock")
 _FIRST_BACKOFF_S = 0.005
 _MAX_BACKOFF_S = 0.1
 
@@ -116,12 +116,10 @@ def _translate(
         )
     name = type(exc).__name__
     message = str(exc)
-    if isinstance(exc, duckdb.IOException | duckdb.ConnectionException) and _LOCK_HELD_RE.search(
-        message
-    ):
+    if isinstance(exc, duckdb.IOException) and _LOCK_HELD_RE.search(message):
         return FenceUnavailable(
-            f"{action}: the DuckDB file is held by another process (or another connection "
-            f"of this one) for more than {lock_timeout_s:g}s; nothing was decided",
+            f"{action}: the DuckDB file is held by another process for more than "
+            f"{lock_timeout_s:g}s; nothing was decided",
             operation_id=operation_id,
             hint="retry later, or stop the process that keeps the DuckDB file open",
         )
@@ -503,7 +501,14 @@ class DuckDbConnector:
         while True:
             try:
                 conn = duckdb.connect(str(self._path), read_only=read_only)
-            except (duckdb.IOException, duckdb.ConnectionException) as exc:
+            except duckdb.ConnectionException as exc:
+                if read_only and "different configuration" in str(exc):
+                    # This process already has the file open read-write (another
+                    # connector): share that instance; the file exists, nothing is created.
+                    read_only = False
+                    continue
+                raise self._translate(exc, action, operation_id) from exc
+            except duckdb.IOException as exc:
                 if not _LOCK_HELD_RE.search(str(exc)) or time.monotonic() >= deadline:
                     raise self._translate(exc, action, operation_id) from exc
                 time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
