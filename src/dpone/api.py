@@ -81,6 +81,7 @@ class Runner:
             owner=new_owner(),
             atomic_journal=self._route.atomic,
             on_rows=on_rows,
+            auto_recover=self._route.auto_recover,
         )
         return protocol.run(spec)
 

@@ -606,6 +606,62 @@ def recovery_apply(
     out.print(f"applied {chosen.value}: {entry.state.value} (version {entry.version})")
 
 
+# ------------------------------------------------------------------ certify
+@app.command()
+def certify(
+    workload: Annotated[
+        Path, typer.Argument(help="Workload whose route to certify.", metavar="WORKLOAD")
+    ],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="Evidence directory (default .dpone/certifications)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Certify a route against its live target: fence probe, crash matrix, race, conflicts.
+
+    Exit 0 only when every check is VERIFIED; 1 when one FAILED; 75 when the target or
+    journal could not be reached (UNVERIFIED).
+    """
+    from dpone.certification import certify as run_certify
+
+    with (
+        _boundary(as_json),
+        Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+            disable=as_json or not err.is_terminal,
+        ) as bar,
+    ):
+        tasks: dict[str, Any] = {}
+
+        def progress(name: str, status: str) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=None)
+            bar.update(tasks[name], description=f"{name}: {status.lower()}")
+            if status != "running" and not as_json:
+                err.print(f"{name:<18} {status}", markup=False)
+
+        result, path = run_certify(workload, out_dir=out_dir, progress=progress)
+    if as_json:
+        _emit_json({**result.to_json(), "evidence": str(path)})
+    else:
+        out.print(
+            f"{result.verdict}: {result.connector} ({result.capability}) on "
+            f"{result.database} [{result.server_version}]",
+            markup=False,
+        )
+        for c in result.checks:
+            figures = " ".join(f"{k}={v}" for k, v in c.figures.items())
+            out.print(f"  {c.status:<10} {c.name:<18} {figures} {c.detail}".rstrip(), markup=False)
+        out.print(f"evidence: {path} (and {path.with_suffix('.md').name})", markup=False)
+    codes = {"VERIFIED": EXIT_OK, "FAILED": EXIT_FAILED}
+    raise typer.Exit(codes.get(result.verdict, EXIT_RETRYABLE))
+
+
 # ------------------------------------------------------------------ demo, version
 @app.command()
 def demo(

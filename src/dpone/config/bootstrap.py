@@ -29,6 +29,7 @@ from dpone.ports.source import SourcePort
 from dpone.runtime import failpoints
 from dpone.runtime.commit_protocol import OperationSpec
 
+from .evidence import EVIDENCE_DIR, load_valid_evidence
 from .workload import (
     CONNECTOR_GROUP,
     CsvSourceConfig,
@@ -73,6 +74,8 @@ class Route:
     journal: CommitJournalPort
     connector: TargetConnectorPort
     atomic: TransactionalJournalPort | None = None
+    #: False when policy requires certification and this route has no valid evidence
+    auto_recover: bool = True
     closed: bool = field(default=False)
 
     def close(self) -> None:
@@ -278,7 +281,28 @@ def build_route(
     shares = getattr(journal, "shares_database_with", None)
     if shares is not None and shares(connector.database_locator()):
         atomic = cast(TransactionalJournalPort, journal)
-    return Route(journal=journal, connector=connector, atomic=atomic)
+    return Route(
+        journal=journal,
+        connector=connector,
+        atomic=atomic,
+        auto_recover=_certified(workload, connector) if workload.require_certified else True,
+    )
+
+
+def _certified(workload: Workload, connector: TargetConnectorPort) -> bool:
+    """True when valid evidence certifies this connector on this target database."""
+    directory = (
+        workload.resolve_path(workload.certification_dir)
+        if workload.certification_dir
+        else workload.base_dir / EVIDENCE_DIR
+    )
+    evidence = load_valid_evidence(
+        directory,
+        connector=connector.kind,
+        capability=connector.capability.value,
+        database=connector.database_locator(),
+    )
+    return evidence is not None
 
 
 def _pack_fingerprint(workload: Workload, target_identity: str) -> str:

@@ -286,6 +286,10 @@ class Workload(_Model):
     ]
     load: LoadConfig
     recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
+    # deployment policy: recover automatically only on a route with valid certification
+    # evidence (dpone certify) for this connector, capability and target database
+    require_certified: bool = False
+    certification_dir: str | None = None
     base_dir: Path = Field(default=Path(), exclude=True)
 
     @field_validator("workload", "journal_schema")

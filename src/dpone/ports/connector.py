@@ -8,7 +8,7 @@ from typing import Protocol
 from dpone.contracts.fence import FenceCapability, FenceObservation, SealResult
 from dpone.contracts.load import LoadPlan, MutationReport
 
-__all__ = ["Rows", "TargetConnectorPort", "WithinTransaction"]
+__all__ = ["Rows", "TargetConnectorPort", "TargetProbePort", "WithinTransaction"]
 
 Rows = Iterable[Sequence[Sequence[object]]]  # batches of rows, each row in plan column order
 WithinTransaction = Callable[[object], None]  # called with the open transaction before commit
@@ -102,4 +102,24 @@ class TargetConnectorPort(Protocol):
 
     def close(self) -> None:
         """Release connections. Idempotent."""
+        ...
+
+
+class TargetProbePort(Protocol):
+    """Optional extras a connector offers so ``dpone certify`` can check a live target.
+
+    A connector without them can still be certified for its fence, but the crash and
+    race checks (which count rows in the target) are reported UNVERIFIED.
+    """
+
+    def server_version(self) -> str:
+        """Return the target server's product and version (no secrets)."""
+        ...
+
+    def count_rows(self, table: str, *, distinct: str) -> tuple[int, int]:
+        """Return ``(rows, distinct values of column distinct)`` of ``table`` (0, 0 if absent)."""
+        ...
+
+    def drop_table(self, table: str) -> None:
+        """Drop ``table`` if it exists (certification's scratch tables only)."""
         ...

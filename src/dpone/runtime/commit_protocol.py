@@ -71,6 +71,7 @@ class CommitProtocol:
         owner: str,
         atomic_journal: TransactionalJournalPort | None = None,
         on_rows: Callable[[int], None] | None = None,
+        auto_recover: bool = True,
     ) -> None:
         self._journal = journal
         self._connector = connector
@@ -78,6 +79,9 @@ class CommitProtocol:
         self._owner = owner
         self._atomic = atomic_journal
         self._on_rows = on_rows
+        # False: policy requires a certified route and this one has no valid evidence, so
+        # an unproven write is never settled automatically (it becomes COMMIT_UNKNOWN)
+        self._auto_recover = auto_recover and connector.capability is not FenceCapability.NONE
         self._ended: set[tuple[str, int]] = set()  # (operation, epoch) leases ended by COMPLETE
 
     @property
@@ -252,7 +256,7 @@ class CommitProtocol:
         Secondary failures are logged and never replace ``primary``.
         """
         code = primary.code.value if isinstance(primary, DponeError) else "unexpected"
-        if self._connector.capability is FenceCapability.NONE:
+        if not self._auto_recover:
             try:
                 entry = self._cas(entry, S.COMMIT_UNKNOWN, evidence={"error_code": code})
             except DponeError as secondary:
@@ -283,6 +287,19 @@ class CommitProtocol:
 
     def _resume_committing(self, spec: OperationSpec, entry: JournalEntry) -> OperationResult:
         """A previous attempt may have written: observe, seal, then decide."""
+        if not self._auto_recover and self._connector.capability is not FenceCapability.NONE:
+            unknown = self._cas(entry, S.COMMIT_UNKNOWN, evidence={"reason": "not certified"})
+            raise CommitUnknown(
+                "this deployment requires certified routes (require_certified: true) and this "
+                "route has no valid certification evidence, so an interrupted write is not "
+                "recovered automatically",
+                operation_id=unknown.operation_id,
+                state=unknown.state.value,
+                journal_version=unknown.version,
+                recovery_ref=recovery_ref(unknown.operation_id),
+                hint="run `dpone certify WORKLOAD` for this route, then resolve this operation "
+                "with `dpone recovery target-commit plan`",
+            )
         observation = self._observe(spec)
         if observation.status is FenceStatus.COMMITTED:
             return self._complete(spec, entry, observation, tally=None, resumed=True)

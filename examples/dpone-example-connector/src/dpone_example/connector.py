@@ -222,6 +222,26 @@ class ExampleConnector:
 
         return self._write(body, operation_id=operation_id)  # type: ignore[no-any-return]
 
+    # -- optional probe for `dpone certify` (TargetProbePort): lets it count rows
+    def server_version(self) -> str:
+        return f"SQLite {sqlite3.sqlite_version} (example connector)"
+
+    def count_rows(self, table: str, *, distinct: str) -> tuple[int, int]:
+        if not (is_identifier(table) and is_identifier(distinct)) or not self._path.exists():
+            return (0, 0)
+        conn = self._db()
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
+            return (0, 0)
+        row = conn.execute(f'SELECT count(*), count(DISTINCT "{distinct}") FROM "{table}"')
+        total, unique = row.fetchone()
+        return (int(total), int(unique))
+
+    def drop_table(self, table: str) -> None:
+        if is_identifier(table):
+            self._write(
+                lambda conn: conn.execute(f'DROP TABLE IF EXISTS "{table}"'), operation_id="-"
+            )
+
     def close(self) -> None:
         for conn in self._opened:
             conn.close()

@@ -1009,6 +1009,38 @@ class PostgresConnector:
                 count += len(batch)
         return count
 
+    # ----------------------------------------------------------------- certification probe
+
+    def server_version(self) -> str:
+        """``PostgreSQL <version>`` of the server this connector talks to."""
+        with self._session(action="server_version", operation_id=None) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return f"PostgreSQL {row[0] if row else '?'}"
+
+    def count_rows(self, table: str, *, distinct: str) -> tuple[int, int]:
+        """Rows and distinct values of one column; ``(0, 0)`` when the table is absent."""
+        target = _parse_table(table, fence_schema=self._fence_schema)
+        column = _check_identifier(distinct, field="distinct", what="the counted column")
+        with self._session(action="count", operation_id=None) as conn, conn.cursor() as cur:
+            if _table_info(cur, target) is None:
+                conn.rollback()
+                return (0, 0)
+            row = cur.execute(
+                sql.SQL("SELECT count(*), count(DISTINCT {c}) FROM {t}").format(
+                    c=sql.Identifier(column), t=target.ident
+                )
+            ).fetchone()
+            conn.rollback()  # a read: end the implicit transaction
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def drop_table(self, table: str) -> None:
+        """Drop a certification scratch table."""
+        target = _parse_table(table, fence_schema=self._fence_schema)
+        with self._session(action="drop", operation_id=None) as conn:
+            with conn.transaction():
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target.ident))
+            self._verified = {k for k in self._verified if k[0] != table}
+
     def close(self) -> None:
         """Close the connection. Idempotent."""
         with self._lock:

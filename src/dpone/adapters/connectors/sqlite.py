@@ -755,6 +755,37 @@ class SqliteConnector:
 
         return self._write(body, action="seal", operation_id=operation_id)
 
+    # ----------------------------------------------------------------- certification probe
+
+    def server_version(self) -> str:
+        """The SQLite library version (the "server" of an embedded database)."""
+        return f"SQLite {sqlite3.sqlite_version}"
+
+    def count_rows(self, table: str, *, distinct: str) -> tuple[int, int]:
+        """Rows and distinct values of one column; ``(0, 0)`` when the table is absent."""
+        parsed = _parse_table(table)
+        if not is_identifier(distinct) or not self._path.exists():
+            return (0, 0)
+        with self._connection(action="count", write=False) as conn:
+            try:
+                if not _table_columns(conn, parsed).names:
+                    return (0, 0)
+                row = conn.execute(
+                    f"SELECT count(*), count(DISTINCT {_q(distinct)}) FROM {parsed.sql}"
+                ).fetchone()
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "count", None) from exc
+        return (int(row[0]), int(row[1]))
+
+    def drop_table(self, table: str) -> None:
+        """Drop a certification scratch table."""
+        parsed = _parse_table(table)
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(f"DROP TABLE IF EXISTS {parsed.sql}")
+
+        self._write(body, action="drop", operation_id="-")
+
     def close(self) -> None:
         """Close the connections this connector opened, in every thread. Idempotent."""
         with self._conns_lock:
