@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -167,7 +168,7 @@ def certify(
             drop = getattr(route.connector, "drop_table", None)
             if drop is not None:
                 try:
-                    drop(scratch_table)
+                    drop(_table_of(route, scratch_table))
                 except DponeError:
                     pass  # secondary: a leftover scratch table is harmless
             route.close()
@@ -374,6 +375,7 @@ def _campaign(
     finally:
         for leftover in workload.base_dir.glob(".dpone-certify-*.yaml"):
             leftover.unlink(missing_ok=True)
+        shutil.rmtree(campaign.work, ignore_errors=True)
 
 
 class _Campaign:
