@@ -157,6 +157,8 @@ def certify(
         elif route is not None and checks[0].status == VERIFIED:
             with _timed(checks[1], report) as check:
                 _fence_probe(route, scratch_table, check)
+            # embedded targets (DuckDB) lock their file while open: let the runs have it
+            route.connector.close()
             counts = getattr(route.connector, "count_rows", None)
             if counts is None:
                 for c in checks[2:]:
@@ -386,6 +388,7 @@ class _Campaign:
         self.raw = _raw(workload_path)
         self.table = table
         self.count: Callable[..., tuple[int, int]] = route.connector.count_rows  # type: ignore[attr-defined]
+        self.release = route.connector.close
         self.work = workload.base_dir / EVIDENCE_DIR / f"run-{secrets.token_hex(4)}"
         self.work.mkdir(parents=True, exist_ok=True)
         self.expected = 0
@@ -421,7 +424,10 @@ class _Campaign:
         return ("run", name, "--interval", window.canonical(), "--no-progress", "-q"), data
 
     def rows(self) -> tuple[int, int]:
-        return self.count(self.table, distinct="order_id")
+        try:
+            return self.count(self.table, distinct="order_id")
+        finally:
+            self.release()  # never hold an embedded target's file lock between runs
 
     def crash(self, check: Check) -> None:
         """SIGKILL at every failpoint, rerun until done: every row once, never unknown."""

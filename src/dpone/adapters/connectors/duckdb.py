@@ -843,6 +843,42 @@ class DuckDbConnector:
 
         return self._write(body, action="seal", operation_id=operation_id, retry=True)
 
+    # ----------------------------------------------------------------- certification probe
+
+    def server_version(self) -> str:
+        """The DuckDB library version (the engine of an embedded database)."""
+        return f"DuckDB {duckdb.__version__}"
+
+    def count_rows(self, table: str, *, distinct: str) -> tuple[int, int]:
+        """Rows and distinct values of one column; ``(0, 0)`` when the table is absent."""
+        parsed = _parse_table(table)
+        if not is_identifier(distinct) or (self._conn is None and not self._path.exists()):
+            return (0, 0)
+
+        def body(conn: duckdb.DuckDBPyConnection) -> tuple[int, int]:
+            exists = conn.execute(
+                "SELECT 1 FROM duckdb_tables() WHERE database_name = current_database() "
+                "AND schema_name = 'main' AND table_name = ?",
+                [parsed.name],
+            ).fetchone()
+            if exists is None:
+                return (0, 0)
+            row = conn.execute(
+                f"SELECT count(*), count(DISTINCT {_q(distinct)}) FROM {parsed.sql}"
+            ).fetchone()
+            return (int(row[0]), int(row[1])) if row else (0, 0)
+
+        return self._read(body, action="count", operation_id=None)
+
+    def drop_table(self, table: str) -> None:
+        """Drop a certification scratch table."""
+        parsed = _parse_table(table)
+
+        def body(conn: duckdb.DuckDBPyConnection) -> None:
+            conn.execute(f"DROP TABLE IF EXISTS {parsed.sql}")
+
+        self._write(body, action="drop", operation_id="-", retry=False)
+
     def close(self) -> None:
         """Close the connection (releasing the file lock). Idempotent."""
         with self._lock:
