@@ -67,6 +67,13 @@ def test_postgres_route_is_verified(tmp_path: Path, pg_schema: str) -> None:
     assert report["server_version"].startswith("PostgreSQL")
 
 
+def test_duckdb_route_is_verified(tmp_path: Path) -> None:
+    """The DuckDB route certifies (the file lock is released between the campaign's runs)."""
+    code, report = certify(tmp_path, '{kind: duckdb, url: "duckdb:///wh.duckdb", table: orders}')
+    assert code == 0, report
+    assert report["server_version"].startswith("DuckDB")
+
+
 def test_a_lying_fence_fails_certification(tmp_path: Path) -> None:
     """A connector whose fence lies is FAILED, with the duplicates it would cause counted."""
     code, report = certify(tmp_path, "{kind: example_lying, path: lie.db, table: orders}")
