@@ -389,3 +389,22 @@ def test_an_unreachable_server_is_unavailable_quickly_without_the_password() -> 
         assert "canary" not in text
         assert "127.0.0.1:1" not in text
     assert error.__cause__ is None  # the driver's message (with the host) is not chained
+
+
+def test_csv_text_rows_load_with_blanks_as_null(connector: MariaDbConnector, dsn: str) -> None:
+    """All-string rows (a CSV source): numbers and times parsed, '' is NULL in every column."""
+    load(
+        connector,
+        [
+            ("1", "a", "2026-11-01T10:00:00Z"),
+            ("2", "", ""),
+            ("3", "c", "2026-11-01 11:00:00"),
+            ("", "d", "2026-11-01T12:00:00+01:00"),
+        ],
+    )
+    assert query(dsn, "SELECT id, v, at FROM items ORDER BY v") == [
+        (2, None, None),
+        (1, "a", datetime(2026, 11, 1, 10, 0)),
+        (3, "c", datetime(2026, 11, 1, 11, 0)),
+        (None, "d", datetime(2026, 11, 1, 11, 0)),
+    ]

@@ -345,16 +345,19 @@ _NONE_TYPE = type(None)
 def _column_literals(values: list[Any], ctype: ColumnType) -> Sequence[str]:
     """Encode one column; C-level conversions when its values share a type."""
     kinds = set(map(type, values))
-    if kinds == {str} and "" not in values:
+    if kinds == {str} and ctype is not ColumnType.BOOLEAN:
+        # Text (a CSV source): quoted as is; the server converts numbers and parses
+        # plain timestamps. '' is NULL.
+        blanks = "" in values
+        present = [v for v in values if v] if blanks else values
         if ctype is ColumnType.TIMESTAMP:
-            joined = "\x01".join(values)
-            # Plain 'YYYY-MM-DD HH:MM:SS[.f]' (two '-' each, no T/Z/+) goes as is; the
-            # server parses it. Anything zoned is converted to UTC here.
-            if joined.count("-") != 2 * len(values) or any(c in joined for c in _ZONED_CHARS):
-                values = [_moment_text(v) for v in values]
-            return _quoted(values)
-        if ctype is ColumnType.TEXT:
-            return _quoted(values)
+            joined = "\x01".join(present)
+            # Plain 'YYYY-MM-DD HH:MM:SS[.f]' (two '-' each, no T/Z/+) goes as is;
+            # anything zoned is converted to UTC here.
+            if joined.count("-") != 2 * len(present) or any(c in joined for c in _ZONED_CHARS):
+                present = [_moment_text(v) for v in present]
+        quoted = iter(_quoted(present))
+        return [next(quoted) if v else "NULL" for v in values] if blanks else list(quoted)
     if kinds in ({int}, {Decimal}):
         return list(map(str, values))
     if kinds == {_NONE_TYPE}:
