@@ -67,6 +67,15 @@ def test_postgres_route_is_verified(tmp_path: Path, pg_schema: str) -> None:
     assert report["server_version"].startswith("PostgreSQL")
 
 
+def test_mariadb_route_is_verified(tmp_path: Path, mariadb_database: str) -> None:
+    """The MariaDB route certifies against the machine's server."""
+    code, report = certify(
+        tmp_path, "{kind: mariadb, url_env: WH, table: orders}", env={"WH": mariadb_database}
+    )
+    assert code == 0, report
+    assert report["server_version"].startswith("MariaDB 10.")
+
+
 def test_duckdb_route_is_verified(tmp_path: Path) -> None:
     """The DuckDB route certifies (the file lock is released between the campaign's runs)."""
     code, report = certify(tmp_path, '{kind: duckdb, url: "duckdb:///wh.duckdb", table: orders}')

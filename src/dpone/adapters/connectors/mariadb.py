@@ -1073,6 +1073,46 @@ class MariaDbConnector:
             self._row_base = None
         return count
 
+    # ----------------------------------------------------------------- certification probe
+
+    def server_version(self) -> str:
+        """The server's product and version, e.g. ``MariaDB 10.11.19-MariaDB-0+deb12u1``."""
+        with self._session(action="server_version", operation_id=None) as conn:
+            # MariaDB reports "5.5.5-<real version>" for old clients' sake
+            version = str(conn.get_server_info()).removeprefix("5.5.5-")
+        product = "MariaDB" if "mariadb" in version.lower() else "MySQL"
+        return f"{product} {version}"
+
+    def count_rows(self, table: str, *, distinct: str) -> tuple[int, int]:
+        """Rows and distinct values of one column; ``(0, 0)`` when the table is absent."""
+        target = self._probe_table(table)
+        column = _check_identifier(distinct, field="distinct", what="the counted column")
+        with (
+            self._session(action="count", operation_id=None) as conn,
+            conn.cursor() as cur,
+        ):
+            cur.execute(_TABLE_INFO, (target.database, target.name))
+            if cur.fetchone() is None:
+                return (0, 0)
+            cur.execute(f"SELECT count(*), count(DISTINCT {_q(column)}) FROM {target.sql}")
+            row = cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def _probe_table(self, table: str) -> _Table:
+        return _parse_table(
+            table, default_database=self._dsn.database, fence_database=self._fence_schema
+        )
+
+    def drop_table(self, table: str) -> None:
+        """Drop a certification scratch table."""
+        target = self._probe_table(table)
+        with (
+            self._session(action="drop", operation_id=None) as conn,
+            conn.cursor() as cur,
+        ):
+            cur.execute(f"DROP TABLE IF EXISTS {target.sql}")
+        self._verified.clear()
+
     def close(self) -> None:
         """Close the connection. Idempotent."""
         with self._lock:
