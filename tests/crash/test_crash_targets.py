@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+import sqlite3
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -114,6 +117,26 @@ def workload(root: Path, target: Target, *, day: int = 1, rows: int = ROWS) -> t
     return ("run", f"w{day}.yaml", "--interval", interval, "--no-progress", "-q")
 
 
+def wait_for_entry(child: subprocess.Popen[str], journal: Path, timeout: float = 30) -> None:
+    """Poll the journal read-only until the run has written its newest entry (or ended)."""
+    seen = _entries(journal)
+    deadline = time.monotonic() + timeout
+    while child.poll() is None and time.monotonic() < deadline:
+        if _entries(journal) > seen:
+            return
+        time.sleep(0.002)
+
+
+def _entries(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    try:
+        with closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=1)) as db:
+            return int(db.execute("SELECT count(*) FROM dpone_journal").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
 @pytest.mark.parametrize("point", FAILPOINT_NAMES)
 def test_kill_at_every_failpoint_then_rerun_writes_exactly_once(
     tmp_path: Path, target: Target, point: str
@@ -133,14 +156,25 @@ def test_random_kills_during_loads(tmp_path: Path, target: Target) -> None:
     """10 loads of 20k rows, each SIGKILLed at a random moment, rerun: no duplicate, no loss."""
     rng = random.Random(f"{target.name}-kills")
     rows, loads, killed = 20_000, 10, 0
+    # calibrate: how long a load works after its journal entry appears
+    run = workload(tmp_path, target, day=28, rows=rows)
+    child = start_dpone(run, cwd=tmp_path)
+    wait_for_entry(child, tmp_path / "journal.db")
+    started = time.monotonic()
+    assert child.wait(timeout=120) == 0
+    child.communicate()
+    work = max(time.monotonic() - started, 0.05)
+    base = rows
     for trial in range(loads):
         run = workload(tmp_path, target, day=trial + 1, rows=rows)
         child = start_dpone(run, cwd=tmp_path)
-        time.sleep(rng.uniform(0.2, 1.2))
+        wait_for_entry(child, tmp_path / "journal.db")
+        time.sleep(rng.uniform(0.0, work))
         killed += child.poll() is None
         kill(child)
         outcome = run_until_done(run, cwd=tmp_path)
         assert EXIT_COMMIT_UNKNOWN not in outcome.codes, outcome.codes
         assert outcome.final == 0, outcome.last_stderr
-        assert target.counts() == ((trial + 1) * rows, (trial + 1) * rows)
+        expected = base + (trial + 1) * rows
+        assert target.counts() == (expected, expected)
     assert killed >= 5, f"only {killed} of {loads} loads were killed while running"
