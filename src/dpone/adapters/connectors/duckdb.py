@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import duckdb
 
+from dpone.adapters.connectors._plan import check_plan_shape
 from dpone.contracts.fence import (
     FenceCapability,
     FenceObservation,
@@ -220,36 +221,7 @@ def _parse_table(table: str) -> _Table:
 
 def _validate_plan(plan: LoadPlan) -> _Table:
     table = _parse_table(plan.table)
-    if not plan.columns:
-        raise ConfigInvalid("the load plan has no columns", field="columns")
-    seen: set[str] = set()
-    for index, column in enumerate(plan.columns, start=1):
-        if not is_identifier(column.name):
-            raise ConfigInvalid(
-                f"column #{index} does not have a plain identifier as its name",
-                field="columns",
-                hint="rename the column to [A-Za-z_][A-Za-z0-9_]*",
-            )
-        if column.name.lower() in seen:
-            raise ConfigInvalid(f"column {column.name!r} appears twice", field="columns")
-        seen.add(column.name.lower())
-    if plan.strategy is LoadStrategy.MERGE:
-        if not plan.key:
-            raise ConfigInvalid("merge needs a key", field="key", hint="set key: [id]")
-        missing = [k for k in plan.key if k.lower() not in seen]
-        if missing:
-            raise ConfigInvalid(
-                f"merge key column(s) {', '.join(map(repr, missing))} are not among the columns",
-                field="key",
-            )
-    if plan.strategy is LoadStrategy.REPLACE_INTERVAL:
-        if plan.interval is None:
-            raise ConfigInvalid("replace_interval needs an interval", field="interval")
-        if plan.interval_column is None or plan.interval_column.lower() not in seen:
-            raise ConfigInvalid(
-                "replace_interval needs an interval_column that is one of the columns",
-                field="interval_column",
-            )
+    check_plan_shape(plan)
     return table
 
 
