@@ -20,7 +20,9 @@ from psycopg_pool import ConnectionPool
 
 from dpone.adapters import _pg
 from dpone.adapters.journal import _rules
-from dpone.contracts.evidence import SafeMapping
+from dpone.adapters.journal._rows import audit_from_row as _audit
+from dpone.adapters.journal._rows import entry_from_row as _entry
+from dpone.adapters.journal._rows import transition_from_row as _transition
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
@@ -1085,61 +1087,6 @@ def _info_locator(info: psycopg.ConnectionInfo) -> str:
 
 
 # ---------------------------------------------------------------------- row decoding
-def _state(value: object) -> CommitState | None:
-    return None if value is None else CommitState(str(value))
-
-
-def _mapping(text: str | None) -> SafeMapping | None:
-    return None if text is None else _rules.decode_mapping(text)
-
-
-def _entry(row: tuple[Any, ...]) -> JournalEntry:
-    return JournalEntry(
-        operation_id=row[0],
-        intent_digest=row[1],
-        state=CommitState(row[2]),
-        version=int(row[3]),
-        lease_owner=row[4],
-        lease_epoch=int(row[5]),
-        lease_expires_at=None if row[6] is None else float(row[6]),
-        metadata=_rules.decode_mapping(row[7]),
-        result=_mapping(row[8]),
-        created_at=float(row[9]),
-        updated_at=float(row[10]),
-    )
-
-
-def _transition(row: tuple[Any, ...]) -> Transition:
-    return Transition(
-        operation_id=row[0],
-        version=int(row[1]),
-        seq=int(row[2]),
-        from_state=_state(row[3]),
-        to_state=CommitState(row[4]),
-        kind=row[5],
-        actor=row[6],
-        lease_epoch=int(row[7]),
-        evidence=_rules.decode_mapping(row[8]),
-        at=float(row[9]),
-    )
-
-
-def _audit(row: tuple[Any, ...]) -> AuditRecord:
-    return AuditRecord(
-        operation_id=row[0],
-        principal=row[1],
-        action=row[2],
-        reason=row[3],
-        attestation=row[4],
-        before_state=_state(row[5]),
-        after_state=_state(row[6]),
-        before_version=None if row[7] is None else int(row[7]),
-        after_version=None if row[8] is None else int(row[8]),
-        outcome=row[9],
-        at=float(row[10]),
-    )
-
-
 if TYPE_CHECKING:
 
     def _conforms(journal: PostgresCommitJournal) -> TransactionalJournalPort:
