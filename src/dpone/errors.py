@@ -23,6 +23,9 @@
     +-- IllegalTransition            DPONE_JOURNAL_ILLEGAL_TRANSITION     TERMINAL
     +-- FencedOut                    DPONE_TARGET_FENCED_OUT              TRANSIENT
     +-- InjectedFault                DPONE_INJECTED_FAULT                 TRANSIENT
+    +-- ReceiverUnavailable          DPONE_DELIVERY_RECEIVER_UNAVAILABLE  TRANSIENT
+    +-- DeliveryCapacityFull         DPONE_DELIVERY_CAPACITY_FULL         TRANSIENT
+    +-- DeliveryRejected             DPONE_DELIVERY_REJECTED              TERMINAL
 
 Errors never carry SQL text, row values, credentials or URLs: only the fields
 listed in ``SAFE_FIELDS``. They pickle (for multiprocessing and Airflow) and
@@ -39,6 +42,8 @@ __all__ = [
     "CommitUnknown",
     "CommittedIncomplete",
     "ConfigInvalid",
+    "DeliveryCapacityFull",
+    "DeliveryRejected",
     "DponeError",
     "ErrorCode",
     "FenceUnavailable",
@@ -51,6 +56,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "OperationNotFound",
+    "ReceiverUnavailable",
     "RecoveryConflict",
     "RecoveryRefused",
     "Retryability",
@@ -86,6 +92,9 @@ class ErrorCode(str, enum.Enum):
     ILLEGAL_TRANSITION = "DPONE_JOURNAL_ILLEGAL_TRANSITION"
     FENCED_OUT = "DPONE_TARGET_FENCED_OUT"
     INJECTED_FAULT = "DPONE_INJECTED_FAULT"
+    RECEIVER_UNAVAILABLE = "DPONE_DELIVERY_RECEIVER_UNAVAILABLE"
+    DELIVERY_CAPACITY_FULL = "DPONE_DELIVERY_CAPACITY_FULL"
+    DELIVERY_REJECTED = "DPONE_DELIVERY_REJECTED"
 
 
 class Retryability(str, enum.Enum):
@@ -338,3 +347,24 @@ class InjectedFault(DponeError):
 
     code = ErrorCode.INJECTED_FAULT
     retryability = Retryability.TRANSIENT
+
+
+class ReceiverUnavailable(DponeError):
+    """A REST receiver could not be reached, or asked to come back later; nothing was decided."""
+
+    code = ErrorCode.RECEIVER_UNAVAILABLE
+    retryability = Retryability.TRANSIENT
+
+
+class DeliveryCapacityFull(DponeError):
+    """Every capacity slot of the receiver is held by an active remote job; try again later."""
+
+    code = ErrorCode.DELIVERY_CAPACITY_FULL
+    retryability = Retryability.TRANSIENT
+
+
+class DeliveryRejected(DponeError):
+    """The receiver refused a request (credentials, payload, key reuse); retrying cannot help."""
+
+    code = ErrorCode.DELIVERY_REJECTED
+    retryability = Retryability.TERMINAL

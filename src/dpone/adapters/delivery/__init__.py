@@ -1,0 +1,1 @@
+"""Resumable delivery adapters: the REST sink (httpx) and the control-plane stores."""
