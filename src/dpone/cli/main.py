@@ -20,6 +20,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from dpone.cli.delivery import delivery_app
 from dpone.contracts.states import CommitState
 from dpone.errors import (
     CommittedIncomplete,
@@ -46,6 +47,7 @@ journal_app = typer.Typer(help="Read the operation journal.", no_args_is_help=Tr
 recovery_app.add_typer(target_commit_app, name="target-commit")
 app.add_typer(recovery_app, name="recovery")
 app.add_typer(journal_app, name="journal")
+app.add_typer(delivery_app, name="delivery")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -11,23 +11,26 @@ from dpone.runtime.delivery import DeliveryPolicy, ResumableDeliveryProcessor, S
 __all__ = ["open_delivery_processor", "open_delivery_store", "rest_sink_factory"]
 
 
-def open_delivery_store(journal: str | Path) -> DeliveryStorePort:
-    """Open the delivery control plane beside the journal: a SQLite file path for now.
+def open_delivery_store(journal: str, *, base_dir: Path) -> DeliveryStorePort:
+    """Open the delivery control plane in the journal's database (``sqlite:///path``).
+
+    Its tables and schema version are its own, so it shares the journal's file safely.
 
     Raises:
-        ConfigInvalid: the locator is not a SQLite file (PostgreSQL is not built yet).
+        ConfigInvalid: not a sqlite URL (the PostgreSQL control plane is not built yet).
 
     """
-    text = str(journal)
-    if "://" in text and not text.startswith("sqlite:"):
+    if not journal.startswith("sqlite:"):
         raise ConfigInvalid(
-            "the delivery control plane runs on a SQLite file for now; PostgreSQL is not built yet",
+            "the delivery control plane runs on a SQLite journal file for now; "
+            "the PostgreSQL control plane is not built yet",
             field="journal",
+            hint="use --journal sqlite:///path/to/journal.db",
         )
     from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
+    from dpone.config.workload import resolve_sqlite_url
 
-    path = text.removeprefix("sqlite:///").removeprefix("sqlite:")
-    return SqliteDeliveryStore(Path(path))
+    return SqliteDeliveryStore(resolve_sqlite_url(journal, base_dir=base_dir, field="journal"))
 
 
 def rest_sink_factory(*, timeout_s: float = 10.0) -> SinkFactory:
@@ -46,12 +49,16 @@ def rest_sink_factory(*, timeout_s: float = 10.0) -> SinkFactory:
 
 
 def open_delivery_processor(
-    journal: str | Path, *, policy: DeliveryPolicy | None = None, timeout_s: float = 10.0
+    journal: str,
+    *,
+    base_dir: Path,
+    policy: DeliveryPolicy | None = None,
+    timeout_s: float = 10.0,
 ) -> ResumableDeliveryProcessor:
-    """Wire a processor on the SQLite control plane with REST sinks."""
+    """Wire a processor on the control plane named by ``journal`` with REST sinks."""
     factory = rest_sink_factory(timeout_s=timeout_s)
     return ResumableDeliveryProcessor(
-        store=open_delivery_store(journal),
+        store=open_delivery_store(journal, base_dir=base_dir),
         sink_factory=factory,
         policy=policy,
     )

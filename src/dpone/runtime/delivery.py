@@ -51,6 +51,7 @@ from dpone.errors import (
     JournalConflict,
     LeaseHeld,
     ReceiverUnavailable,
+    RecoveryRefused,
     SourceInvalid,
 )
 from dpone.ports.delivery import DeliverySinkPort, DeliveryStorePort
@@ -233,6 +234,11 @@ class ResumableDeliveryProcessor:
         self._sleep = sleep
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
+    @property
+    def store(self) -> DeliveryStorePort:
+        """The control plane this processor writes."""
+        return self._store
+
     def close(self) -> None:
         """Close the sinks this processor opened."""
         for sink in self._sinks.values():
@@ -268,6 +274,32 @@ class ResumableDeliveryProcessor:
         if record is None:
             raise self._not_found(operation_id)
         return self._drive(record, must_observe=True)
+
+    def reconcile(self, operation_id: str) -> DeliveryRecord:
+        """Ask the receiver what happened to an unanswered submit; never submits.
+
+        A job found under the key is adopted (receipt recorded); no job found leaves the
+        delivery in SUBMIT_UNKNOWN (``resume`` then submits again under the same key);
+        a receiver without key lookup blocks it.
+
+        Raises:
+            RecoveryRefused: the delivery is not waiting for reconciliation.
+            LeaseHeld: another live process is submitting it right now.
+            ReceiverUnavailable: the receiver did not answer the lookup.
+
+        """
+        record = self._reread(operation_id)
+        if record.state is D.SUBMITTING:
+            record = self._abandoned_submit(record)
+        if record.state is not D.SUBMIT_UNKNOWN:
+            raise RecoveryRefused(
+                f"the delivery is {record.state.value}; only an unanswered submit "
+                "(SUBMIT_UNKNOWN) is reconciled",
+                operation_id=operation_id,
+                state=record.state.value,
+                journal_version=record.version,
+            )
+        return self._reconcile(record, _Budget(0.0), resubmit=False)
 
     def _not_found(self, operation_id: str) -> DeliveryRejected:
         return DeliveryRejected(
@@ -496,7 +528,9 @@ class ResumableDeliveryProcessor:
         )
 
     # ------------------------------------------------------------------ reconcile
-    def _reconcile(self, record: DeliveryRecord, waits: _Budget) -> DeliveryRecord:
+    def _reconcile(
+        self, record: DeliveryRecord, waits: _Budget, *, resubmit: bool = True
+    ) -> DeliveryRecord:
         """Ask the receiver what happened to the key; adopt, resubmit or block."""
         sink = self._sink(record)
         while True:
@@ -519,7 +553,7 @@ class ResumableDeliveryProcessor:
                 )
             return self._adopt(record, found.jobs[0], source="lookup")
         if isinstance(found, LookupAbsent):
-            return self._begin_and_submit(record, waits)
+            return self._begin_and_submit(record, waits) if resubmit else record
         return self._advance(
             record,
             DeliveryStep(

@@ -1,0 +1,202 @@
+"""``dpone delivery status|resume|reconcile``: look at and continue resumable deliveries."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+delivery_app = typer.Typer(
+    help="Resumable deliveries to REST receivers: status, resume, reconcile.",
+    no_args_is_help=True,
+)
+
+#: Exit code of a delivery blocked for an operator (shared with COMMIT_UNKNOWN).
+EXIT_BLOCKED = 3
+
+OperationOpt = Annotated[
+    str, typer.Option("--operation-id", help="The delivery's operation id (sha256:...).")
+]
+JournalOpt = Annotated[
+    str | None,
+    typer.Option("--journal", help="Journal URL (default: $DPONE_JOURNAL or .dpone)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _journal_url(journal: str | None) -> str:
+    return journal or os.environ.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
+
+
+def _record_json(record: Any) -> dict[str, Any]:
+    return {
+        "operation_id": record.operation_id,
+        "state": record.state.value,
+        "version": record.version,
+        "receiver": record.receiver,
+        "credential_ref": record.credential_ref,
+        "payload_digest": record.payload.digest,
+        "payload_bytes": record.payload.size_bytes,
+        "payload_rows": record.payload.rows,
+        "chunk_count": record.payload.chunk_count,
+        "attempts": record.attempts,
+        "receipt": record.receipt,
+        "remote_status": record.remote_status.value if record.remote_status else None,
+        "rows_processed": record.rows_processed,
+        "due_at": record.due_at,
+        "next_check_at": record.next_check_at,
+        "lease_owner": record.lease_owner,
+        "lease_expires_at": record.lease_expires_at,
+        "block_reason": record.block_reason.value if record.block_reason else None,
+        "detail": record.detail,
+        "updated_at": record.updated_at,
+    }
+
+
+def _result_json(result: Any) -> tuple[dict[str, Any], int]:
+    from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted
+
+    if isinstance(result, DeliveryCompleted):
+        return (
+            {
+                "outcome": "completed",
+                "operation_id": result.operation_id,
+                "receipt": result.receipt,
+                "rows": result.rows,
+                "replayed": result.replayed,
+            },
+            0,
+        )
+    if isinstance(result, DeliveryBlocked):
+        return (
+            {
+                "outcome": "blocked",
+                "operation_id": result.operation_id,
+                "state": result.state.value,
+                "reason": result.reason.value,
+                "message": result.message,
+                "recovery_ref": result.recovery_ref,
+            },
+            EXIT_BLOCKED,
+        )
+    return (
+        {
+            "outcome": "pending",
+            "operation_id": result.operation_id,
+            "continuation": result.continuation,
+            "next_check_at": result.next_check_at,
+        },
+        0,
+    )
+
+
+def _print(payload: dict[str, Any], *, as_json: bool) -> None:
+    from dpone.cli.main import _emit_json, out
+
+    if as_json:
+        _emit_json(payload)
+        return
+    for key, value in payload.items():
+        if isinstance(value, list):
+            out.print(f"{key}:", markup=False)
+            for item in value:
+                out.print(f"  {item}", markup=False, highlight=False)
+        else:
+            out.print(f"{key}: {'-' if value is None else value}", markup=False, highlight=False)
+
+
+@delivery_app.command("status")
+def status(
+    operation_id: OperationOpt, journal: JournalOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Show a delivery: state, receipt, attempts, observations, capacity (read-only)."""
+    from dpone.cli.main import _boundary
+    from dpone.config.delivery import open_delivery_store
+    from dpone.errors import OperationNotFound
+
+    with _boundary(as_json):
+        store = open_delivery_store(_journal_url(journal), base_dir=Path.cwd())
+        try:
+            record = store.get(operation_id)
+            if record is None:
+                raise OperationNotFound(
+                    "no delivery is recorded for this operation id", operation_id=operation_id
+                )
+            payload = _record_json(record)
+            payload["capacity_held_at_receiver"] = store.active_reservations(record.receiver)
+            payload["attempt_log"] = store.attempts(operation_id)
+            payload["observations"] = [
+                {"status": o.status.value, "rows_processed": o.rows_processed}
+                for o in store.observations(operation_id)
+            ]
+            payload["history"] = [
+                f"v{h['version']} {h['from_state'] or '-'} -> {h['to_state']}"
+                for h in store.history(operation_id)
+            ]
+        finally:
+            store.close()
+        _print(payload, as_json=as_json)
+
+
+@delivery_app.command("resume")
+def resume(
+    operation_id: OperationOpt,
+    journal: JournalOpt = None,
+    poll_budget: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to keep observing a running job.")
+    ] = 0.0,
+    wait_budget: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to wait for capacity or a due retry.")
+    ] = 0.0,
+    poll_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between checks.")] = 5.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Continue a delivery from its recorded state: observe, retry when due, or reconcile.
+
+    Exit 0 when completed or still pending (see "outcome"), 3 when blocked for an operator.
+    """
+    from dpone.cli.main import _boundary
+    from dpone.config.delivery import open_delivery_processor
+    from dpone.runtime.delivery import DeliveryPolicy
+
+    policy = DeliveryPolicy(
+        poll_interval_s=poll_interval, poll_budget_s=poll_budget, wait_budget_s=wait_budget
+    )
+    with _boundary(as_json):
+        proc = open_delivery_processor(_journal_url(journal), base_dir=Path.cwd(), policy=policy)
+        try:
+            payload, code = _result_json(proc.resume(operation_id))
+        finally:
+            proc.close()
+            proc.store.close()
+        _print(payload, as_json=as_json)
+        raise typer.Exit(code)
+
+
+@delivery_app.command("reconcile")
+def reconcile(
+    operation_id: OperationOpt, journal: JournalOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Ask the receiver what happened to an unanswered submit (key lookup); never submits."""
+    from dpone.cli.main import _boundary
+    from dpone.config.delivery import open_delivery_processor
+    from dpone.contracts.delivery import DeliveryState
+
+    with _boundary(as_json):
+        proc = open_delivery_processor(_journal_url(journal), base_dir=Path.cwd())
+        try:
+            record = proc.reconcile(operation_id)
+        finally:
+            proc.close()
+            proc.store.close()
+        payload = _record_json(record)
+        if record.state is DeliveryState.SUBMIT_UNKNOWN:
+            payload["finding"] = "no job under this key; `dpone delivery resume` submits again"
+        elif record.state is DeliveryState.BLOCKED:
+            payload["finding"] = "blocked: " + (record.detail or "an operator must decide")
+        else:
+            payload["finding"] = f"job found under this key, receipt {record.receipt}"
+        _print(payload, as_json=as_json)
+        raise typer.Exit(EXIT_BLOCKED if record.state is DeliveryState.BLOCKED else 0)

@@ -1,0 +1,196 @@
+"""SIGKILL of delivery workers at every delivery failpoint; 8 processes against a limit of 3."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
+from dpone.contracts.delivery import DeliveryState
+from dpone.runtime.failpoints import DELIVERY_FAILPOINT_NAMES
+from dpone.testing.crash import dpone_cmd
+from dpone.testing.rest_receiver import ReceiverProcess
+from tests.fixtures.receiver import RECEIVER_TOKEN
+
+pytestmark = pytest.mark.crash
+
+WORKER = Path(__file__).with_name("_delivery_worker.py")
+
+
+def _env(failpoints: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_FAILPOINTS"}
+    env["DPONE_TEST_DELIVERY_TOKEN"] = RECEIVER_TOKEN
+    if failpoints:
+        env["DPONE_FAILPOINTS"] = failpoints
+    return env
+
+
+def _op() -> str:
+    return "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+
+
+def _argv(tmp: Path, url: str, op: str, *, limit=3, poll=5.0, wait=5.0) -> list[str]:
+    payload = tmp / "payload.jsonl"
+    if not payload.exists():
+        payload.write_text("".join(f'{{"id": {i}}}\n' for i in range(50)))
+    return [
+        sys.executable,
+        str(WORKER),
+        str(tmp / "journal.sqlite"),
+        url,
+        str(payload),
+        op,
+        str(limit),
+        str(poll),
+        str(wait),
+        str(tmp / f"checkpoint-{op[7:15]}"),
+    ]
+
+
+def _run(argv: list[str], failpoints: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, env=_env(failpoints), capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _run_until_done(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + 30
+    while True:
+        done = _run(argv)
+        if done.returncode not in (5, 10, 75) or time.monotonic() > deadline:
+            return done
+        time.sleep(0.3)  # a dead worker's submit lease (0.5 s) must expire first
+
+
+@pytest.mark.parametrize("point", DELIVERY_FAILPOINT_NAMES)
+def test_sigkill_at_every_delivery_point_then_rerun(receiver, tmp_path, point):
+    """Killed at POINT, rerun: exactly one remote job, COMPLETE once, checkpoint written."""
+    receiver.set_faults(job_duration_s=0.3)
+    op = _op()
+    argv = _argv(tmp_path, receiver.url, op)
+    killed = _run(argv, failpoints=f"{point}=kill")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    done = _run_until_done(argv)
+    assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
+    assert receiver.jobs_created(op) == 1
+    store = SqliteDeliveryStore(tmp_path / "journal.sqlite")
+    try:
+        record = store.get(op)
+        assert record.state is DeliveryState.COMPLETE
+        states = [h["to_state"] for h in store.history(op)]
+        assert states.count("COMPLETE") == 1
+        assert store.active_reservations(record.receiver) == 0
+    finally:
+        store.close()
+    checkpoint = tmp_path / f"checkpoint-{op[7:15]}"
+    assert checkpoint.read_text().strip() == record.payload.digest
+
+
+def test_cli_status_reconcile_resume_after_a_kill_before_the_receipt(receiver, tmp_path):
+    """After a kill between the 202 and the durable receipt the CLI reconciles by key."""
+    op = _op()
+    argv = _argv(tmp_path, receiver.url, op)
+    assert _run(argv, failpoints="after:delivery.submit=kill").returncode == -9
+    journal = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            dpone_cmd("delivery", *args, "--operation-id", op, "--journal", journal, "--json"),
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
+
+    status = cli("status")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "SUBMITTING"
+    time.sleep(0.5)  # the dead worker's submit lease expires
+    reconciled = cli("reconcile")
+    assert reconciled.returncode == 0, reconciled.stderr
+    body = json.loads(reconciled.stdout)
+    assert body["receipt"] is not None
+    assert body["state"] in ("ACCEPTED", "REMOTE_SUCCEEDED")
+    resumed = cli("resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["outcome"] == "completed"
+    assert receiver.jobs_created(op) == 1
+    assert RECEIVER_TOKEN not in status.stdout + reconciled.stdout + resumed.stdout
+
+
+def test_cli_reconcile_without_key_lookup_blocks(receiver, tmp_path):
+    """A lost answer at a receiver without key lookup: reconcile exits 3 with the reason."""
+    receiver.set_faults(drop_response_after_accept=1, key_lookup=False)
+    op = _op()
+    done = _run(_argv(tmp_path, receiver.url, op))
+    assert done.returncode == 3, done.stdout + done.stderr
+    status = subprocess.run(
+        dpone_cmd(
+            "delivery",
+            "status",
+            "--operation-id",
+            op,
+            "--json",
+            "--journal",
+            f"sqlite:///{tmp_path / 'journal.sqlite'}",
+        ),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    body = json.loads(status.stdout)
+    assert body["state"] == "BLOCKED"
+    assert body["block_reason"] == "key_lookup_unsupported"
+    assert body["capacity_held_at_receiver"] == 1
+    assert receiver.jobs_created(op) == 1
+
+
+def _max_overlap(journal: Path) -> int:
+    with sqlite3.connect(journal) as conn:
+        rows = conn.execute(
+            "SELECT reserved_at, released_at FROM dpone_delivery_reservations"
+        ).fetchall()
+    events = sorted([(r, 1) for r, _ in rows] + [(e, -1) for _, e in rows if e is not None])
+    level = peak = 0
+    for _, delta in events:  # a release at the same instant sorts before a reservation
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def test_eight_processes_never_exceed_a_capacity_of_three(tmp_path):
+    """8 worker processes, limit 3: at most 3 jobs active at the receiver and in the store."""
+    with ReceiverProcess(tmp_path / "rx", token=RECEIVER_TOKEN) as rx:
+        rx.set_faults(job_duration_s=1.0)
+        ops = [_op() for _ in range(8)]
+        procs = [
+            subprocess.Popen(
+                _argv(tmp_path, rx.url, op, limit=3, poll=40.0, wait=40.0),
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for op in ops
+        ]
+        outputs = [p.communicate(timeout=90) for p in procs]
+        codes = [p.returncode for p in procs]
+        assert codes == [0] * 8, outputs
+        stats = rx.stats()
+        assert all(stats["jobs_by_key"][op] == 1 for op in ops)
+        assert stats["counters"]["max_active"] <= 3
+        overlap = _max_overlap(tmp_path / "journal.sqlite")
+        assert overlap == 3  # the limit was reached, and never exceeded
