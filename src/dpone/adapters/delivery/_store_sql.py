@@ -1,0 +1,351 @@
+"""The delivery control plane's statements, shared by the SQLite and PostgreSQL stores.
+
+Each function runs on an open DB-API cursor inside the caller's transaction. SQL is
+written once with ``?`` placeholders and ``{p}`` for the schema prefix; a
+:class:`Dialect` adapts both. Capacity is serialized by locking the receiver's row
+(PostgreSQL ``FOR UPDATE``; on SQLite ``BEGIN IMMEDIATE`` already serializes writers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dpone.adapters.delivery import _rules
+from dpone.contracts.delivery import (
+    DeliveryRecord,
+    DeliveryState,
+    DeliveryStep,
+    JobObservation,
+    PayloadRef,
+    RemoteStatus,
+)
+from dpone.errors import ConfigInvalid, DeliveryCapacityFull, RecoveryConflict
+
+__all__ = [
+    "ATTEMPTS_SQL",
+    "HISTORY_SQL",
+    "Dialect",
+    "active_reservations",
+    "advance",
+    "dicts",
+    "list_records",
+    "now",
+    "observations",
+    "read",
+    "register",
+]
+
+_COLUMNS = ", ".join(_rules.RECORD_COLUMNS)
+
+HISTORY_SQL = (
+    "SELECT version, from_state, to_state, actor, detail, at "
+    "FROM {p}dpone_delivery_transitions WHERE operation_id = ? ORDER BY version"
+)
+ATTEMPTS_SQL = (
+    "SELECT attempt, owner, started_at, outcome, http_status, ended_at "
+    "FROM {p}dpone_delivery_attempts WHERE operation_id = ? ORDER BY attempt"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one database spells placeholders, the schema prefix, the clock and row locks."""
+
+    prefix: str  # e.g. '' (SQLite) or '"dpone".' (PostgreSQL)
+    placeholder: str  # '?' or '%s'
+    now_sql: str  # an expression for seconds since the epoch
+    for_update: str  # '' or ' FOR UPDATE'
+
+    def q(self, sql: str) -> str:
+        """Return ``sql`` with the prefix and placeholders of this dialect."""
+        return sql.replace("{p}", self.prefix).replace("?", self.placeholder)
+
+
+def now(cur: Any, d: Dialect) -> float:
+    """The database's clock, seconds since the epoch."""
+    cur.execute(f"SELECT {d.now_sql}")
+    return float(cur.fetchone()[0])
+
+
+def read(cur: Any, d: Dialect, operation_id: str, *, lock: bool = False) -> DeliveryRecord | None:
+    """Read one record (locked for the transaction when ``lock``)."""
+    cur.execute(
+        d.q(f"SELECT {_COLUMNS} FROM {{p}}dpone_delivery WHERE operation_id = ?")
+        + (d.for_update if lock else ""),
+        (operation_id,),
+    )
+    row = cur.fetchone()
+    return _rules.record_from_row(tuple(row)) if row else None
+
+
+def list_records(cur: Any, d: Dialect, limit: int) -> list[DeliveryRecord]:
+    """Records, newest update first."""
+    cur.execute(
+        d.q(f"SELECT {_COLUMNS} FROM {{p}}dpone_delivery ORDER BY updated_at DESC LIMIT ?"),
+        (max(int(limit), 0),),
+    )
+    return [_rules.record_from_row(tuple(row)) for row in cur.fetchall()]
+
+
+def dicts(cur: Any, d: Dialect, sql: str, operation_id: str) -> list[dict[str, object]]:
+    """Rows of ``sql`` (one ``?`` for the operation id) as dicts."""
+    cur.execute(d.q(sql), (operation_id,))
+    names = [col[0] for col in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def observations(cur: Any, d: Dialect, operation_id: str) -> list[JobObservation]:
+    """Recorded observations of one delivery, in order."""
+    cur.execute(
+        d.q(
+            "SELECT receipt, status, rows_total, rows_processed, rows_failed "
+            "FROM {p}dpone_delivery_observations WHERE operation_id = ? ORDER BY id"
+        ),
+        (operation_id,),
+    )
+    return [
+        JobObservation(
+            receipt=r[0],
+            status=RemoteStatus(r[1]),
+            rows_total=r[2],
+            rows_processed=r[3],
+            rows_failed=r[4],
+        )
+        for r in cur.fetchall()
+    ]
+
+
+def active_reservations(cur: Any, d: Dialect, receiver: str) -> int:
+    """How many slots of ``receiver`` are held."""
+    cur.execute(
+        d.q(
+            "SELECT COUNT(*) FROM {p}dpone_delivery_reservations "
+            "WHERE receiver = ? AND released_at IS NULL"
+        ),
+        (receiver,),
+    )
+    return int(cur.fetchone()[0])
+
+
+def register(
+    cur: Any,
+    d: Dialect,
+    *,
+    operation_id: str,
+    intent_digest: str,
+    receiver: str,
+    receiver_url: str,
+    credential_ref: str | None,
+    payload: PayloadRef,
+    capacity_limit: int | None,
+    actor: str,
+) -> DeliveryRecord:
+    """Create the record in STAGED if absent, else return it (same intent only)."""
+    _rules.check_registration(
+        operation_id=operation_id, intent_digest=intent_digest, payload=payload
+    )
+    if capacity_limit is not None and (not isinstance(capacity_limit, int) or capacity_limit < 1):
+        raise ConfigInvalid("a receiver's capacity limit must be an integer >= 1", field="capacity")
+    if capacity_limit is not None:
+        cur.execute(
+            d.q(
+                "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
+                "VALUES (?, ?) ON CONFLICT (receiver) "
+                "DO UPDATE SET capacity_limit = excluded.capacity_limit"
+            ),
+            (receiver, capacity_limit),
+        )
+    existing = read(cur, d, operation_id, lock=True)
+    if existing is not None:
+        if existing.intent_digest != intent_digest:
+            raise _rules.intent_conflict(existing)
+        return existing
+    at = now(cur, d)
+    record = DeliveryRecord(
+        operation_id=operation_id,
+        intent_digest=intent_digest,
+        state=DeliveryState.STAGED,
+        version=1,
+        receiver=receiver,
+        receiver_url=receiver_url,
+        credential_ref=credential_ref,
+        payload=payload,
+        attempts=0,
+        receipt=None,
+        remote_status=None,
+        rows_processed=None,
+        due_at=None,
+        next_check_at=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        block_reason=None,
+        detail=None,
+        created_at=at,
+        updated_at=at,
+    )
+    marks = ", ".join("?" * len(_rules.RECORD_COLUMNS))
+    cur.execute(
+        d.q(f"INSERT INTO {{p}}dpone_delivery ({_COLUMNS}) VALUES ({marks})"),
+        _rules.record_row(record),
+    )
+    _transition(cur, d, None, record, actor)
+    return record
+
+
+def advance(
+    cur: Any,
+    d: Dialect,
+    *,
+    operation_id: str,
+    expected_version: int,
+    step: DeliveryStep,
+    actor: str,
+) -> DeliveryRecord:
+    """Apply ``step``: CAS, capacity, attempt, receipt, observation, history, all in ``cur``."""
+    record = read(cur, d, operation_id, lock=True)
+    if record is None:
+        raise _rules.not_found(operation_id)
+    _rules.check_move(record, expected_version=expected_version, step=step)
+    at = now(cur, d)
+    after = _rules.apply_step(record, step, now=at)
+    _capacity(cur, d, record, after, actor=actor, now=at)
+    if step.start_attempt:
+        cur.execute(
+            d.q(
+                "INSERT INTO {p}dpone_delivery_attempts (operation_id, attempt, owner, "
+                "started_at) VALUES (?, ?, ?, ?)"
+            ),
+            (operation_id, after.attempts, step.lease_owner or actor, at),
+        )
+    if step.attempt_outcome is not None:
+        cur.execute(
+            d.q(
+                "UPDATE {p}dpone_delivery_attempts SET outcome = ?, http_status = ?, "
+                "ended_at = ? WHERE operation_id = ? AND attempt = ? AND outcome IS NULL"
+            ),
+            (step.attempt_outcome, step.http_status, at, operation_id, record.attempts),
+        )
+    if step.receipt is not None:
+        _receipt(cur, d, operation_id, step, attempt=after.attempts, now=at)
+    if step.observation is not None:
+        obs = step.observation
+        cur.execute(
+            d.q(
+                "INSERT INTO {p}dpone_delivery_observations (operation_id, receipt, status, "
+                "rows_total, rows_processed, rows_failed, observed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)"
+            ),
+            (
+                operation_id,
+                obs.receipt,
+                obs.status.value,
+                obs.rows_total,
+                obs.rows_processed,
+                obs.rows_failed,
+                at,
+            ),
+        )
+    assignments = ", ".join(f"{c} = ?" for c in _rules.RECORD_COLUMNS[2:])
+    cur.execute(
+        d.q(f"UPDATE {{p}}dpone_delivery SET {assignments} WHERE operation_id = ? AND version = ?"),
+        (*_rules.record_row(after)[2:], operation_id, expected_version),
+    )
+    if cur.rowcount != 1:  # pragma: no cover - the row is locked by this transaction
+        raise _rules.conflict(record, expected_version)
+    _transition(cur, d, record.state, after, actor)
+    return after
+
+
+def _transition(
+    cur: Any, d: Dialect, frm: DeliveryState | None, after: DeliveryRecord, actor: str
+) -> None:
+    cur.execute(
+        d.q(
+            "INSERT INTO {p}dpone_delivery_transitions (operation_id, version, from_state, "
+            "to_state, actor, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        ),
+        (
+            after.operation_id,
+            after.version,
+            frm.value if frm else None,
+            after.state.value,
+            actor,
+            after.detail,
+            after.updated_at,
+        ),
+    )
+
+
+def _capacity(
+    cur: Any, d: Dialect, before: DeliveryRecord, after: DeliveryRecord, *, actor: str, now: float
+) -> None:
+    cur.execute(
+        d.q(
+            "SELECT id FROM {p}dpone_delivery_reservations "
+            "WHERE operation_id = ? AND released_at IS NULL"
+        ),
+        (before.operation_id,),
+    )
+    held = cur.fetchone()
+    if _rules.holds_capacity(after.state) and held is None:
+        # the receiver's row is the lock every reserving transaction queues on
+        cur.execute(
+            d.q(
+                "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
+                "VALUES (?, NULL) ON CONFLICT (receiver) DO NOTHING"
+            ),
+            (before.receiver,),
+        )
+        cur.execute(
+            d.q("SELECT capacity_limit FROM {p}dpone_delivery_receivers WHERE receiver = ?")
+            + d.for_update,
+            (before.receiver,),
+        )
+        limit = cur.fetchone()[0]
+        active = active_reservations(cur, d, before.receiver)
+        if limit is not None and active >= limit:
+            raise DeliveryCapacityFull(
+                f"all {limit} capacity slots of {before.receiver} are held by active jobs",
+                operation_id=before.operation_id,
+                state=before.state.value,
+            )
+        cur.execute(
+            d.q(
+                "INSERT INTO {p}dpone_delivery_reservations (operation_id, receiver, "
+                "reserved_at) VALUES (?, ?, ?)"
+            ),
+            (before.operation_id, before.receiver, now),
+        )
+    elif not _rules.holds_capacity(after.state) and held is not None:
+        cur.execute(
+            d.q(
+                "UPDATE {p}dpone_delivery_reservations SET released_at = ?, released_by = ? "
+                "WHERE id = ?"
+            ),
+            (now, f"{actor} at {after.state.value}", held[0]),
+        )
+
+
+def _receipt(
+    cur: Any, d: Dialect, operation_id: str, step: DeliveryStep, *, attempt: int, now: float
+) -> None:
+    cur.execute(
+        d.q("SELECT receipt FROM {p}dpone_delivery_receipts WHERE operation_id = ?"),
+        (operation_id,),
+    )
+    row = cur.fetchone()
+    if row is not None:
+        if row[0] != step.receipt:
+            raise RecoveryConflict(
+                "the receiver returned another receipt than the one recorded for this key",
+                operation_id=operation_id,
+            )
+        return
+    cur.execute(
+        d.q(
+            "INSERT INTO {p}dpone_delivery_receipts (operation_id, receipt, source, attempt, "
+            "recorded_at) VALUES (?, ?, ?, ?, ?)"
+        ),
+        (operation_id, step.receipt, step.receipt_source or "submit", attempt, now),
+    )
