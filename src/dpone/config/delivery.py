@@ -11,26 +11,38 @@ from dpone.runtime.delivery import DeliveryPolicy, ResumableDeliveryProcessor, S
 __all__ = ["open_delivery_processor", "open_delivery_store", "rest_sink_factory"]
 
 
-def open_delivery_store(journal: str, *, base_dir: Path) -> DeliveryStorePort:
-    """Open the delivery control plane in the journal's database (``sqlite:///path``).
+def open_delivery_store(
+    journal: str, *, base_dir: Path, schema: str = "dpone"
+) -> DeliveryStorePort:
+    """Open the delivery control plane in the journal's database.
 
-    Its tables and schema version are its own, so it shares the journal's file safely.
+    ``sqlite:///path`` (embedded default) or ``postgresql://...`` (production; the
+    tables go into the journal's ``schema``). Its tables and schema version are its
+    own, so it shares the journal's database safely.
 
     Raises:
-        ConfigInvalid: not a sqlite URL (the PostgreSQL control plane is not built yet).
+        ConfigInvalid: another URL scheme, or the postgres extra is missing.
 
     """
-    if not journal.startswith("sqlite:"):
-        raise ConfigInvalid(
-            "the delivery control plane runs on a SQLite journal file for now; "
-            "the PostgreSQL control plane is not built yet",
-            field="journal",
-            hint="use --journal sqlite:///path/to/journal.db",
-        )
-    from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
-    from dpone.config.workload import resolve_sqlite_url
+    if journal.startswith("sqlite:"):
+        from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
+        from dpone.config.workload import resolve_sqlite_url
 
-    return SqliteDeliveryStore(resolve_sqlite_url(journal, base_dir=base_dir, field="journal"))
+        return SqliteDeliveryStore(resolve_sqlite_url(journal, base_dir=base_dir, field="journal"))
+    if journal.startswith(("postgresql://", "postgres://")):
+        try:
+            from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+        except ImportError as exc:  # pragma: no cover - the postgres extra is missing
+            raise ConfigInvalid(
+                "a PostgreSQL control plane needs psycopg: install dpone[postgres]",
+                field="journal",
+            ) from exc
+        return PostgresDeliveryStore(journal, schema=schema)
+    raise ConfigInvalid(
+        "the delivery control plane needs a sqlite:/// or postgresql:// journal URL",
+        field="journal",
+        hint="use --journal sqlite:///path/to/journal.db or postgresql://user@host/db",
+    )
 
 
 def rest_sink_factory(*, timeout_s: float = 10.0) -> SinkFactory:

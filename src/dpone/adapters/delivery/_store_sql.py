@@ -157,10 +157,41 @@ def register(
             (receiver, capacity_limit),
         )
     existing = read(cur, d, operation_id, lock=True)
-    if existing is not None:
-        if existing.intent_digest != intent_digest:
-            raise _rules.intent_conflict(existing)
-        return existing
+    if existing is None:
+        created = _insert(
+            cur,
+            d,
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            receiver=receiver,
+            receiver_url=receiver_url,
+            credential_ref=credential_ref,
+            payload=payload,
+            actor=actor,
+        )
+        if created is not None:
+            return created
+        # another process created it between our read and our insert
+        existing = read(cur, d, operation_id, lock=True)
+    if existing is None:  # pragma: no cover - the insert conflicted on this key
+        raise _rules.not_found(operation_id)
+    if existing.intent_digest != intent_digest:
+        raise _rules.intent_conflict(existing)
+    return existing
+
+
+def _insert(
+    cur: Any,
+    d: Dialect,
+    *,
+    operation_id: str,
+    intent_digest: str,
+    receiver: str,
+    receiver_url: str,
+    credential_ref: str | None,
+    payload: PayloadRef,
+    actor: str,
+) -> DeliveryRecord | None:
     at = now(cur, d)
     record = DeliveryRecord(
         operation_id=operation_id,
@@ -186,9 +217,14 @@ def register(
     )
     marks = ", ".join("?" * len(_rules.RECORD_COLUMNS))
     cur.execute(
-        d.q(f"INSERT INTO {{p}}dpone_delivery ({_COLUMNS}) VALUES ({marks})"),
+        d.q(
+            f"INSERT INTO {{p}}dpone_delivery ({_COLUMNS}) VALUES ({marks}) "
+            "ON CONFLICT (operation_id) DO NOTHING"
+        ),
         _rules.record_row(record),
     )
+    if cur.rowcount != 1:
+        return None
     _transition(cur, d, None, record, actor)
     return record
 

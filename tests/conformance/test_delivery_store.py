@@ -1,0 +1,254 @@
+"""The delivery control plane on SQLite and PostgreSQL: CAS, moves, capacity, receipts, races."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dpone.contracts.delivery import (
+    BlockReason,
+    DeliveryState,
+    DeliveryStep,
+    JobObservation,
+    PayloadRef,
+    RemoteStatus,
+)
+from dpone.errors import (
+    DeliveryCapacityFull,
+    IllegalTransition,
+    IntentConflict,
+    JournalConflict,
+    OperationNotFound,
+    RecoveryConflict,
+    UnsafeValue,
+)
+
+D = DeliveryState
+RECEIVER = "rest:http://127.0.0.1:1"
+PAYLOAD = PayloadRef(
+    path="/staged/p.jsonl", digest="sha256:" + "a" * 64, size_bytes=10, rows=2, chunk_bytes=4
+)
+RACER = Path(__file__).with_name("_delivery_store_race.py")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request, tmp_path):
+    """(name, store, racer location, schema) for each control-plane backend."""
+    if request.param == "sqlite":
+        from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
+
+        path = tmp_path / "journal.sqlite"
+        store = SqliteDeliveryStore(path)
+        yield "sqlite", store, str(path), "-"
+    else:
+        from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+
+        dsn = request.getfixturevalue("pg_available")
+        schema = request.getfixturevalue("pg_schema")
+        store = PostgresDeliveryStore(dsn, schema=schema)
+        yield "postgres", store, dsn, schema
+    store.close()
+
+
+def _op(n: int) -> str:
+    return "sha256:" + f"{n:064x}"
+
+
+def _register(store, n: int, *, limit: int | None = None, intent: str = "b"):
+    return store.register(
+        operation_id=_op(n),
+        intent_digest="sha256:" + intent * 64,
+        receiver=RECEIVER,
+        receiver_url="http://127.0.0.1:1",
+        credential_ref="env:TOKEN_VAR",
+        payload=PAYLOAD,
+        capacity_limit=limit,
+        actor="test",
+    )
+
+
+def _submit(store, record):
+    return store.advance(
+        operation_id=record.operation_id,
+        expected_version=record.version,
+        step=DeliveryStep(
+            to_state=D.SUBMITTING, start_attempt=True, lease_owner="me", lease_ttl_s=30.0
+        ),
+        actor="test",
+    )
+
+
+def test_register_is_create_if_absent_and_checks_intent(backend):
+    """The same registration returns the same record; another intent is refused."""
+    _, store, _, _ = backend
+    first = _register(store, 1)
+    assert first.state is D.STAGED
+    assert first.version == 1
+    assert _register(store, 1) == first
+    with pytest.raises(IntentConflict):
+        _register(store, 1, intent="c")
+    with pytest.raises(UnsafeValue):
+        store.register(
+            operation_id="not-a-digest",
+            intent_digest="sha256:" + "b" * 64,
+            receiver=RECEIVER,
+            receiver_url="http://127.0.0.1:1",
+            credential_ref=None,
+            payload=PAYLOAD,
+            capacity_limit=None,
+            actor="test",
+        )
+    assert [h["to_state"] for h in store.history(_op(1))] == ["STAGED"]
+
+
+def test_cas_rejects_stale_versions_and_illegal_moves(backend):
+    """A stale version is a JournalConflict; a move off the table is IllegalTransition."""
+    _, store, _, _ = backend
+    record = _register(store, 2)
+    submitting = _submit(store, record)
+    assert submitting.version == 2
+    assert submitting.lease_owner == "me"
+    with pytest.raises(JournalConflict) as stale:
+        _submit(store, record)
+    assert stale.value.current_version == 2
+    with pytest.raises(IllegalTransition):
+        store.advance(
+            operation_id=record.operation_id,
+            expected_version=2,
+            step=DeliveryStep(to_state=D.COMPLETE),
+            actor="test",
+        )
+    with pytest.raises(OperationNotFound):
+        store.advance(
+            operation_id=_op(999),
+            expected_version=1,
+            step=DeliveryStep(to_state=D.SUBMITTING),
+            actor="test",
+        )
+    with pytest.raises(UnsafeValue):
+        store.advance(
+            operation_id=record.operation_id,
+            expected_version=2,
+            step=DeliveryStep(to_state=D.SUBMIT_UNKNOWN, detail="token=abc123secret"),
+            actor="test",
+        )
+    assert store.get(record.operation_id).version == 2
+
+
+def test_capacity_is_reserved_with_the_attempt_and_released_at_terminal(backend):
+    """Limit 2: a third reservation fails with nothing written; RETRY_WAIT and terminal free."""
+    _, store, _, _ = backend
+    a, b, c = (_register(store, n, limit=2) for n in (10, 11, 12))
+    a = _submit(store, a)
+    b = _submit(store, b)
+    assert store.active_reservations(RECEIVER) == 2
+    with pytest.raises(DeliveryCapacityFull):
+        _submit(store, c)
+    after = store.get(c.operation_id)
+    assert after.version == c.version
+    assert after.state is D.STAGED
+    assert store.attempts(c.operation_id) == []
+    b = store.advance(
+        operation_id=b.operation_id,
+        expected_version=b.version,
+        step=DeliveryStep(to_state=D.RETRY_WAIT, attempt_outcome="refused", due_in_s=5.0),
+        actor="test",
+    )
+    assert b.due_at is not None
+    assert b.due_at > store.now() + 4
+    assert store.active_reservations(RECEIVER) == 1
+    c = _submit(store, c)
+    accepted = store.advance(
+        operation_id=a.operation_id,
+        expected_version=a.version,
+        step=DeliveryStep(
+            to_state=D.ACCEPTED,
+            attempt_outcome="accepted",
+            receipt="rcpt-1",
+            receipt_source="submit",
+            observation=JobObservation(receipt="rcpt-1", status=RemoteStatus.RUNNING),
+            next_check_in_s=1.0,
+        ),
+        actor="test",
+    )
+    assert accepted.lease_owner is None
+    assert accepted.next_check_at is not None
+    assert store.active_reservations(RECEIVER) == 2
+    done = store.advance(
+        operation_id=a.operation_id,
+        expected_version=accepted.version,
+        step=DeliveryStep(
+            to_state=D.REMOTE_SUCCEEDED,
+            observation=JobObservation(
+                receipt="rcpt-1", status=RemoteStatus.SUCCEEDED, rows_processed=2
+            ),
+        ),
+        actor="test",
+    )
+    assert done.rows_processed == 2
+    assert store.active_reservations(RECEIVER) == 1
+    assert [o.status for o in store.observations(a.operation_id)] == [
+        RemoteStatus.RUNNING,
+        RemoteStatus.SUCCEEDED,
+    ]
+    assert store.attempts(a.operation_id)[0]["outcome"] == "accepted"
+    blocked = store.advance(
+        operation_id=c.operation_id,
+        expected_version=c.version,
+        step=DeliveryStep(to_state=D.SUBMIT_UNKNOWN, attempt_outcome="inconclusive"),
+        actor="test",
+    )
+    blocked = store.advance(
+        operation_id=c.operation_id,
+        expected_version=blocked.version,
+        step=DeliveryStep(to_state=D.BLOCKED, block_reason=BlockReason.KEY_LOOKUP_UNSUPPORTED),
+        actor="test",
+    )
+    assert blocked.block_reason is BlockReason.KEY_LOOKUP_UNSUPPORTED
+    assert store.active_reservations(RECEIVER) == 1  # unknown work keeps its slot
+
+
+def test_a_second_receipt_for_one_key_is_a_conflict(backend):
+    """Recording another receipt than the one on file fails and writes nothing."""
+    _, store, _, _ = backend
+    record = _submit(store, _register(store, 20))
+    unknown = store.advance(
+        operation_id=record.operation_id,
+        expected_version=record.version,
+        step=DeliveryStep(to_state=D.SUBMIT_UNKNOWN, receipt="rcpt-a", receipt_source="submit"),
+        actor="test",
+    )
+    with pytest.raises(RecoveryConflict):
+        store.advance(
+            operation_id=record.operation_id,
+            expected_version=unknown.version,
+            step=DeliveryStep(to_state=D.ACCEPTED, receipt="rcpt-b", receipt_source="lookup"),
+            actor="test",
+        )
+    assert store.get(record.operation_id).version == unknown.version
+
+
+def test_eight_processes_race_for_three_slots(backend):
+    """8 processes reserve at the same instant against a limit of 3: exactly 3 win."""
+    name, store, location, schema = backend
+    store.now()  # schema exists before the racers start
+    start_at = f"{time.time() + 1.5:.3f}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(RACER), name, location, schema, RECEIVER, start_at],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    results = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-800:] for _, err in results]
+    outcomes = sorted(out.strip() for out, _ in results)
+    assert outcomes.count("reserved") == 3, outcomes
+    assert outcomes.count("full") == 5
+    assert store.active_reservations(RECEIVER) == 3
