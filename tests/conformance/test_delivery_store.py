@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import pytest
 
 from dpone.contracts.delivery import (
     BlockReason,
+    DeliveryRegistration,
     DeliveryState,
     DeliveryStep,
     JobObservation,
@@ -252,3 +254,51 @@ def test_eight_processes_race_for_three_slots(backend):
     assert outcomes.count("reserved") == 3, outcomes
     assert outcomes.count("full") == 5
     assert store.active_reservations(RECEIVER) == 3
+
+
+def test_children_are_registered_together_and_submitted_in_order(backend):
+    """register_all is all-or-none; child 1 cannot enter SUBMITTING before child 0 is COMPLETE."""
+    _, store, _, _ = backend
+    parent = _op(300)
+    regs = [
+        DeliveryRegistration(
+            operation_id=_op(301 + i),
+            intent_digest="sha256:" + "d" * 64,
+            receiver=RECEIVER,
+            receiver_url="http://127.0.0.1:1",
+            credential_ref=None,
+            payload=PAYLOAD,
+            parent_id=parent,
+            child_index=i,
+        )
+        for i in range(2)
+    ]
+    _register(store, 399, intent="e")  # exists with another intent: fails mid-transaction
+    clash = dataclasses.replace(regs[0], operation_id=_op(399), parent_id=None, child_index=None)
+    with pytest.raises(IntentConflict):
+        store.register_all([*regs, clash], capacity_limit=None, actor="test")
+    assert store.children(parent) == []
+    first, second = store.register_all(regs, capacity_limit=None, actor="test")
+    assert [c.child_index for c in store.children(parent)] == [0, 1]
+    with pytest.raises(IllegalTransition):
+        _submit(store, second)
+    record = _submit(store, first)
+    for to, extra in (
+        (D.ACCEPTED, {"receipt": "rcpt-c0", "receipt_source": "submit"}),
+        (D.REMOTE_SUCCEEDED, {}),
+    ):
+        record = store.advance(
+            operation_id=record.operation_id,
+            expected_version=record.version,
+            step=DeliveryStep(to_state=to, **extra),
+            actor="test",
+        )
+    with pytest.raises(IllegalTransition):
+        _submit(store, second)
+    store.advance(
+        operation_id=record.operation_id,
+        expected_version=record.version,
+        step=DeliveryStep(to_state=D.COMPLETE),
+        actor="test",
+    )
+    assert _submit(store, second).state is D.SUBMITTING

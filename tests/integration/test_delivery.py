@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from dpone.runtime import failpoints
 from dpone.runtime.delivery import (
     DeliveryPolicy,
     DeliveryRequest,
+    ParentDeliveryRequest,
     ResumableDeliveryProcessor,
     delivery_intent_digest,
     stage_payload,
@@ -425,3 +427,76 @@ def test_no_secret_reaches_the_control_plane(receiver, store, tmp_path):
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("journal.sqlite*"))
     assert RECEIVER_TOKEN.encode() not in raw
     assert TOKEN_ENV.encode() in raw
+
+
+# ---------------------------------------------------------------- parents and children
+def _parent(receiver, path: Path, *, rows_per_child: int = 2) -> ParentDeliveryRequest:
+    payload = stage_payload(path, chunk_bytes=16)
+    return ParentDeliveryRequest(
+        operation_id=_op(),
+        intent_digest=delivery_intent_digest(
+            payload=payload, receiver=receiver.url, pack_fingerprint="pack-test"
+        ),
+        payload=payload,
+        rows_per_child=rows_per_child,
+        receiver_url=receiver.url,
+        credential_ref=f"env:{TOKEN_ENV}",
+        capacity_limit=3,
+    )
+
+
+def test_split_delivery_runs_children_one_after_another(receiver, store, tmp_path):
+    """5 rows in children of 2: three remote jobs, each submitted after the previous ended."""
+    receiver.set_faults(job_duration_s=0.15)
+    proc = _processor(store)
+    request = _parent(receiver, _payload(tmp_path, rows=5))
+    result = proc.deliver_parent(request)
+    assert isinstance(result, DeliveryPending)
+    assert result.operation_id == request.operation_id
+    children = store.children(request.operation_id)
+    assert [c.payload.rows for c in children] == [2, 2, 1]
+    assert [c.state for c in children] == [
+        DeliveryState.ACCEPTED,
+        DeliveryState.STAGED,
+        DeliveryState.STAGED,
+    ]
+    deadline = time.monotonic() + 10
+    while not isinstance(result, DeliveryCompleted) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        result = proc.resume(request.operation_id)
+        in_flight = [
+            c
+            for c in store.children(request.operation_id)
+            if c.state not in (DeliveryState.STAGED, DeliveryState.COMPLETE)
+        ]
+        assert len(in_flight) <= 1
+    assert isinstance(result, DeliveryCompleted)
+    assert result.rows == 5
+    children = store.children(request.operation_id)
+    assert all(receiver.jobs_created(c.operation_id) == 1 for c in children)
+    for earlier, later in itertools.pairwise(children):
+        completed_at = next(
+            h["at"] for h in store.history(earlier.operation_id) if h["to_state"] == "COMPLETE"
+        )
+        submitted_at = next(
+            h["at"] for h in store.history(later.operation_id) if h["to_state"] == "SUBMITTING"
+        )
+        assert submitted_at >= completed_at
+    again = proc.deliver_parent(request)
+    assert isinstance(again, DeliveryCompleted)
+    assert again.replayed
+
+
+def test_a_failed_child_blocks_the_parent_and_later_children_never_start(receiver, store, tmp_path):
+    """Child 0 fails remotely: the parent is blocked and children 1.. are never submitted."""
+    receiver.set_faults(fail_next_jobs=1)
+    proc = _processor(store)
+    request = _parent(receiver, _payload(tmp_path, rows=4))
+    blocked = proc.deliver_parent(request)
+    assert isinstance(blocked, DeliveryBlocked)
+    assert blocked.reason is BlockReason.REMOTE_FAILED
+    assert "child 0" in blocked.message
+    later = store.children(request.operation_id)[1]
+    assert later.state is DeliveryState.STAGED
+    assert receiver.jobs_created(later.operation_id) == 0
+    assert isinstance(proc.resume(request.operation_id), DeliveryBlocked)

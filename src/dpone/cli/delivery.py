@@ -52,6 +52,18 @@ def _record_json(record: Any) -> dict[str, Any]:
         "block_reason": record.block_reason.value if record.block_reason else None,
         "detail": record.detail,
         "updated_at": record.updated_at,
+        "parent_id": record.parent_id,
+        "child_index": record.child_index,
+    }
+
+
+def _parent_json(operation_id: str, children: list[Any]) -> dict[str, Any]:
+    done = sum(1 for c in children if c.state.value == "COMPLETE")
+    return {
+        "operation_id": operation_id,
+        "kind": "split delivery (parent)",
+        "children_complete": f"{done}/{len(children)}",
+        "children": [_record_json(c) for c in children],
     }
 
 
@@ -120,10 +132,14 @@ def status(
         store = open_delivery_store(_journal_url(journal), base_dir=Path.cwd())
         try:
             record = store.get(operation_id)
-            if record is None:
+            children = store.children(operation_id) if record is None else []
+            if record is None and not children:
                 raise OperationNotFound(
                     "no delivery is recorded for this operation id", operation_id=operation_id
                 )
+            if record is None:
+                _print(_parent_json(operation_id, children), as_json=as_json)
+                return
             payload = _record_json(record)
             payload["capacity_held_at_receiver"] = store.active_reservations(record.receiver)
             payload["attempt_log"] = store.attempts(operation_id)

@@ -35,6 +35,7 @@ __all__ = [
     "DeliveryCompleted",
     "DeliveryPending",
     "DeliveryRecord",
+    "DeliveryRegistration",
     "DeliveryResult",
     "DeliveryState",
     "DeliveryStep",
@@ -168,6 +169,22 @@ class DeliveryRecord:
     detail: str | None  # a safe, short explanation of the last decision
     created_at: float
     updated_at: float
+    parent_id: str | None = None  # a child job of a split delivery: its parent's operation id
+    child_index: int | None = None  # 0, 1, ...: children run strictly one after another
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryRegistration:
+    """What ``register_all`` records for one delivery (a child of a split one, usually)."""
+
+    operation_id: str
+    intent_digest: str
+    receiver: str
+    receiver_url: str
+    credential_ref: str | None
+    payload: PayloadRef
+    parent_id: str | None = None
+    child_index: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

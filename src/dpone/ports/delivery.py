@@ -6,6 +6,7 @@ from typing import Protocol
 
 from dpone.contracts.delivery import (
     DeliveryRecord,
+    DeliveryRegistration,
     DeliveryStep,
     JobObservation,
     KeyLookup,
@@ -108,6 +109,20 @@ class DeliveryStorePort(Protocol):
         """
         ...
 
+    def register_all(
+        self, registrations: list[DeliveryRegistration], *, capacity_limit: int | None, actor: str
+    ) -> list[DeliveryRecord]:
+        """Like ``register`` for several deliveries, in one transaction (all or none).
+
+        A split delivery registers all its children at once, so a reader never sees a
+        prefix of them.
+        """
+        ...
+
+    def children(self, parent_id: str) -> list[DeliveryRecord]:
+        """Return the children of a split delivery, ordered by ``child_index``."""
+        ...
+
     def get(self, operation_id: str) -> DeliveryRecord | None:
         """Return the record or None."""
         ...
@@ -119,7 +134,8 @@ class DeliveryStorePort(Protocol):
 
         Entering a capacity-holding state reserves a slot if the delivery holds none
         (checked against the receiver's limit under the transaction's lock); leaving
-        them releases it.
+        them releases it. A child of a split delivery enters SUBMITTING only when every
+        earlier sibling is COMPLETE.
 
         Raises:
             IllegalTransition: the move is not in DELIVERY_TRANSITIONS.

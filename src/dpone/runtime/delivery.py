@@ -33,6 +33,7 @@ from dpone.contracts.delivery import (
     DeliveryCompleted,
     DeliveryPending,
     DeliveryRecord,
+    DeliveryRegistration,
     DeliveryResult,
     DeliveryState,
     DeliveryStep,
@@ -44,10 +45,12 @@ from dpone.contracts.delivery import (
     SubmitAccepted,
     SubmitRefused,
 )
-from dpone.contracts.identity import derive_intent_digest
+from dpone.contracts.identity import derive_intent_digest, digest_of
 from dpone.errors import (
+    ConfigInvalid,
     DeliveryCapacityFull,
     DeliveryRejected,
+    IntentConflict,
     JournalConflict,
     LeaseHeld,
     ReceiverUnavailable,
@@ -60,10 +63,13 @@ from dpone.runtime import failpoints
 __all__ = [
     "DeliveryPolicy",
     "DeliveryRequest",
+    "ParentDeliveryRequest",
     "ResumableDeliveryProcessor",
     "SinkFactory",
+    "child_operation_id",
     "delivery_intent_digest",
     "delivery_recovery_ref",
+    "split_payload",
     "stage_payload",
 ]
 
@@ -172,6 +178,54 @@ def delivery_intent_digest(*, payload: PayloadRef, receiver: str, pack_fingerpri
     )
 
 
+def child_operation_id(parent_id: str, index: int) -> str:
+    """The operation id of child ``index`` of the split delivery ``parent_id``."""
+    return digest_of({"parent_operation_id": parent_id, "child_index": index})
+
+
+def _child_intent(parent_intent: str, index: int, payload: PayloadRef) -> str:
+    return digest_of(
+        {"parent_intent": parent_intent, "child_index": index, "payload": payload.digest}
+    )
+
+
+def split_payload(payload: PayloadRef, *, rows_per_child: int) -> list[PayloadRef]:
+    """Split a staged JSON-lines payload into child files of at most ``rows_per_child`` rows.
+
+    Deterministic: the same payload and row count give the same files (written beside
+    the payload, atomically, in a directory named after the payload digest), so a
+    rerun reuses them.
+
+    Raises:
+        ConfigInvalid: ``rows_per_child`` is below 1.
+        SourceInvalid: the payload cannot be read or no longer has its recorded digest.
+
+    """
+    if not isinstance(rows_per_child, int) or rows_per_child < 1:
+        raise ConfigInvalid("rows_per_child must be an integer >= 1", field="rows_per_child")
+    if _file_digest(payload.path) != payload.digest:
+        raise SourceInvalid("the staged payload changed after it was staged", field="payload")
+    source = Path(payload.path)
+    parts_dir = source.with_name(f".{source.name}.parts-{payload.digest[7:23]}-{rows_per_child}")
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    parts: list[PayloadRef] = []
+    with source.open("rb") as handle:
+        index = 0
+        while True:
+            lines = [line for line in (handle.readline() for _ in range(rows_per_child)) if line]
+            if not lines:
+                break
+            part = parts_dir / f"part-{index:05d}.jsonl"
+            data = b"".join(lines)
+            if not part.is_file() or part.read_bytes() != data:
+                tmp = part.with_suffix(f".tmp-{os.getpid()}")
+                tmp.write_bytes(data)
+                os.replace(tmp, part)
+            parts.append(stage_payload(part, chunk_bytes=payload.chunk_bytes))
+            index += 1
+    return parts
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliveryPolicy:
     """Bounds of one processor call. Every wait is finite."""
@@ -191,6 +245,19 @@ class DeliveryRequest:
     operation_id: str
     intent_digest: str
     payload: PayloadRef
+    receiver_url: str
+    credential_ref: str | None = None
+    capacity_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParentDeliveryRequest:
+    """A large delivery split into child jobs that run strictly one after another."""
+
+    operation_id: str
+    intent_digest: str
+    payload: PayloadRef
+    rows_per_child: int
     receiver_url: str
     credential_ref: str | None = None
     capacity_limit: int | None = None
@@ -269,11 +336,83 @@ class ResumableDeliveryProcessor:
         return self._drive(record, must_observe=False)
 
     def resume(self, operation_id: str) -> DeliveryResult:
-        """Continue a recorded delivery: observe now if accepted, else go on from its state."""
+        """Continue a recorded delivery (or split parent): observe now, else go on."""
         record = self._store.get(operation_id)
         if record is None:
+            if self._store.children(operation_id):
+                return self._drive_parent(operation_id, must_observe=True)
             raise self._not_found(operation_id)
         return self._drive(record, must_observe=True)
+
+    def deliver_parent(self, request: ParentDeliveryRequest) -> DeliveryResult:
+        """Split the payload into children (recorded all at once), then run them in order.
+
+        At most one child is in flight: child ``i + 1`` is submitted only once child
+        ``i`` is COMPLETE (the store refuses anything else). The result speaks for the
+        parent: Pending while a child runs, Blocked when a child is, Completed when all
+        children are.
+        """
+        if not self._store.children(request.operation_id):
+            sink = self._sink_factory(request.receiver_url, request.credential_ref)
+            self._sinks.setdefault((request.receiver_url, request.credential_ref), sink)
+            parts = split_payload(request.payload, rows_per_child=request.rows_per_child)
+            if not parts:
+                raise SourceInvalid("the payload has no rows to deliver", field="payload")
+            self._store.register_all(
+                [
+                    DeliveryRegistration(
+                        operation_id=child_operation_id(request.operation_id, index),
+                        intent_digest=_child_intent(request.intent_digest, index, part),
+                        receiver=sink.receiver_identity(),
+                        receiver_url=request.receiver_url,
+                        credential_ref=request.credential_ref,
+                        payload=part,
+                        parent_id=request.operation_id,
+                        child_index=index,
+                    )
+                    for index, part in enumerate(parts)
+                ],
+                capacity_limit=request.capacity_limit,
+                actor=self.owner,
+            )
+        first = self._store.children(request.operation_id)[0]
+        if first.intent_digest != _child_intent(request.intent_digest, 0, first.payload):
+            raise IntentConflict(
+                "this split delivery was recorded with another intent; the same operation "
+                "id may not deliver something else",
+                operation_id=request.operation_id,
+            )
+        return self._drive_parent(request.operation_id, must_observe=False)
+
+    def _drive_parent(self, parent_id: str, *, must_observe: bool) -> DeliveryResult:
+        children = self._store.children(parent_id)
+        replayed = all(child.state is D.COMPLETE for child in children)
+        for child in children:
+            if child.state is D.COMPLETE:
+                continue
+            result = self._drive(child, must_observe=must_observe)
+            must_observe = False
+            if isinstance(result, DeliveryPending):
+                return DeliveryPending(
+                    operation_id=parent_id,
+                    continuation="poll_receipt",
+                    next_check_at=result.next_check_at,
+                )
+            if isinstance(result, DeliveryBlocked):
+                return DeliveryBlocked(
+                    operation_id=parent_id,
+                    state=result.state,
+                    reason=result.reason,
+                    message=f"child {child.child_index} ({child.operation_id}): {result.message}",
+                    recovery_ref=result.recovery_ref,
+                )
+        done = self._store.children(parent_id)
+        return DeliveryCompleted(
+            operation_id=parent_id,
+            receipt=done[-1].receipt or "",
+            rows=sum(child.payload.rows for child in done),
+            replayed=replayed,
+        )
 
     def reconcile(self, operation_id: str) -> DeliveryRecord:
         """Ask the receiver what happened to an unanswered submit; never submits.

@@ -65,6 +65,8 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "detail",
     "created_at",
     "updated_at",
+    "parent_id",
+    "child_index",
 )
 
 
@@ -98,6 +100,8 @@ def record_from_row(row: tuple[Any, ...]) -> DeliveryRecord:
         detail=v["detail"],
         created_at=float(v["created_at"]),
         updated_at=float(v["updated_at"]),
+        parent_id=v["parent_id"],
+        child_index=v["child_index"],
     )
 
 
@@ -128,6 +132,8 @@ def record_row(record: DeliveryRecord) -> tuple[Any, ...]:
         record.detail,
         record.created_at,
         record.updated_at,
+        record.parent_id,
+        record.child_index,
     )
 
 

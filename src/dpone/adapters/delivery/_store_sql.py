@@ -14,13 +14,13 @@ from typing import Any
 from dpone.adapters.delivery import _rules
 from dpone.contracts.delivery import (
     DeliveryRecord,
+    DeliveryRegistration,
     DeliveryState,
     DeliveryStep,
     JobObservation,
-    PayloadRef,
     RemoteStatus,
 )
-from dpone.errors import ConfigInvalid, DeliveryCapacityFull, RecoveryConflict
+from dpone.errors import ConfigInvalid, DeliveryCapacityFull, IllegalTransition, RecoveryConflict
 
 __all__ = [
     "ATTEMPTS_SQL",
@@ -28,6 +28,7 @@ __all__ = [
     "Dialect",
     "active_reservations",
     "advance",
+    "children",
     "dicts",
     "list_records",
     "now",
@@ -131,77 +132,71 @@ def active_reservations(cur: Any, d: Dialect, receiver: str) -> int:
 def register(
     cur: Any,
     d: Dialect,
+    registrations: list[DeliveryRegistration],
     *,
-    operation_id: str,
-    intent_digest: str,
-    receiver: str,
-    receiver_url: str,
-    credential_ref: str | None,
-    payload: PayloadRef,
     capacity_limit: int | None,
     actor: str,
-) -> DeliveryRecord:
-    """Create the record in STAGED if absent, else return it (same intent only)."""
-    _rules.check_registration(
-        operation_id=operation_id, intent_digest=intent_digest, payload=payload
-    )
+) -> list[DeliveryRecord]:
+    """Create each record in STAGED if absent, else return it (same intent only).
+
+    All of them in the caller's one transaction: a split delivery's children are
+    recorded all or none.
+    """
+    for reg in registrations:
+        _rules.check_registration(
+            operation_id=reg.operation_id, intent_digest=reg.intent_digest, payload=reg.payload
+        )
     if capacity_limit is not None and (not isinstance(capacity_limit, int) or capacity_limit < 1):
         raise ConfigInvalid("a receiver's capacity limit must be an integer >= 1", field="capacity")
-    if capacity_limit is not None:
-        cur.execute(
-            d.q(
-                "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
-                "VALUES (?, ?) ON CONFLICT (receiver) "
-                "DO UPDATE SET capacity_limit = excluded.capacity_limit"
-            ),
-            (receiver, capacity_limit),
-        )
-    existing = read(cur, d, operation_id, lock=True)
-    if existing is None:
-        created = _insert(
-            cur,
-            d,
-            operation_id=operation_id,
-            intent_digest=intent_digest,
-            receiver=receiver,
-            receiver_url=receiver_url,
-            credential_ref=credential_ref,
-            payload=payload,
-            actor=actor,
-        )
-        if created is not None:
-            return created
-        # another process created it between our read and our insert
-        existing = read(cur, d, operation_id, lock=True)
-    if existing is None:  # pragma: no cover - the insert conflicted on this key
-        raise _rules.not_found(operation_id)
-    if existing.intent_digest != intent_digest:
-        raise _rules.intent_conflict(existing)
-    return existing
+    out: list[DeliveryRecord] = []
+    for reg in registrations:
+        if capacity_limit is not None:
+            cur.execute(
+                d.q(
+                    "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
+                    "VALUES (?, ?) ON CONFLICT (receiver) "
+                    "DO UPDATE SET capacity_limit = excluded.capacity_limit"
+                ),
+                (reg.receiver, capacity_limit),
+            )
+        existing = read(cur, d, reg.operation_id, lock=True)
+        if existing is None:
+            created = _insert(cur, d, reg, actor=actor)
+            if created is not None:
+                out.append(created)
+                continue
+            # another process created it between our read and our insert
+            existing = read(cur, d, reg.operation_id, lock=True)
+        if existing is None:  # pragma: no cover - the insert conflicted on this key
+            raise _rules.not_found(reg.operation_id)
+        if existing.intent_digest != reg.intent_digest:
+            raise _rules.intent_conflict(existing)
+        out.append(existing)
+    return out
+
+
+def children(cur: Any, d: Dialect, parent_id: str) -> list[DeliveryRecord]:
+    """The children of a split delivery, in order."""
+    cur.execute(
+        d.q(f"SELECT {_COLUMNS} FROM {{p}}dpone_delivery WHERE parent_id = ? ORDER BY child_index"),
+        (parent_id,),
+    )
+    return [_rules.record_from_row(tuple(row)) for row in cur.fetchall()]
 
 
 def _insert(
-    cur: Any,
-    d: Dialect,
-    *,
-    operation_id: str,
-    intent_digest: str,
-    receiver: str,
-    receiver_url: str,
-    credential_ref: str | None,
-    payload: PayloadRef,
-    actor: str,
+    cur: Any, d: Dialect, reg: DeliveryRegistration, *, actor: str
 ) -> DeliveryRecord | None:
     at = now(cur, d)
     record = DeliveryRecord(
-        operation_id=operation_id,
-        intent_digest=intent_digest,
+        operation_id=reg.operation_id,
+        intent_digest=reg.intent_digest,
         state=DeliveryState.STAGED,
         version=1,
-        receiver=receiver,
-        receiver_url=receiver_url,
-        credential_ref=credential_ref,
-        payload=payload,
+        receiver=reg.receiver,
+        receiver_url=reg.receiver_url,
+        credential_ref=reg.credential_ref,
+        payload=reg.payload,
         attempts=0,
         receipt=None,
         remote_status=None,
@@ -214,6 +209,8 @@ def _insert(
         detail=None,
         created_at=at,
         updated_at=at,
+        parent_id=reg.parent_id,
+        child_index=reg.child_index,
     )
     marks = ", ".join("?" * len(_rules.RECORD_COLUMNS))
     cur.execute(
@@ -243,6 +240,8 @@ def advance(
     if record is None:
         raise _rules.not_found(operation_id)
     _rules.check_move(record, expected_version=expected_version, step=step)
+    if step.to_state is DeliveryState.SUBMITTING and record.parent_id is not None:
+        _check_serial(cur, d, record)
     at = now(cur, d)
     after = _rules.apply_step(record, step, now=at)
     _capacity(cur, d, record, after, actor=actor, now=at)
@@ -291,6 +290,25 @@ def advance(
         raise _rules.conflict(record, expected_version)
     _transition(cur, d, record.state, after, actor)
     return after
+
+
+def _check_serial(cur: Any, d: Dialect, record: DeliveryRecord) -> None:
+    """A child may be submitted only when every earlier sibling is COMPLETE."""
+    cur.execute(
+        d.q(
+            "SELECT COUNT(*) FROM {p}dpone_delivery WHERE parent_id = ? AND child_index < ? "
+            "AND state <> 'COMPLETE'"
+        ),
+        (record.parent_id, record.child_index),
+    )
+    if int(cur.fetchone()[0]) > 0:
+        raise IllegalTransition(
+            f"child {record.child_index} of a split delivery may start only after every "
+            "earlier child is COMPLETE (one child in flight per parent)",
+            operation_id=record.operation_id,
+            state=record.state.value,
+            journal_version=record.version,
+        )
 
 
 def _transition(

@@ -22,7 +22,13 @@ import psycopg
 
 from dpone.adapters import _pg
 from dpone.adapters.delivery import _store_sql as _sql
-from dpone.contracts.delivery import DeliveryRecord, DeliveryStep, JobObservation, PayloadRef
+from dpone.contracts.delivery import (
+    DeliveryRecord,
+    DeliveryRegistration,
+    DeliveryStep,
+    JobObservation,
+    PayloadRef,
+)
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
 
 __all__ = ["SCHEMA_VERSION", "PostgresDeliveryStore"]
@@ -60,9 +66,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             block_reason     text,
             detail           text,
             created_at       float8 NOT NULL,
-            updated_at       float8 NOT NULL
+            updated_at       float8 NOT NULL,
+            parent_id        text,
+            child_index      integer
         )
         """,
+        "CREATE INDEX IF NOT EXISTS dpone_delivery_children "
+        "ON {p}dpone_delivery (parent_id, child_index) WHERE parent_id IS NOT NULL",
         """
         CREATE TABLE IF NOT EXISTS {p}dpone_delivery_transitions (
             id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -317,20 +327,36 @@ class PostgresDeliveryStore:
         actor: str,
     ) -> DeliveryRecord:
         """Create the record in STAGED if absent, else return it (same intent only)."""
+        return self.register_all(
+            [
+                DeliveryRegistration(
+                    operation_id=operation_id,
+                    intent_digest=intent_digest,
+                    receiver=receiver,
+                    receiver_url=receiver_url,
+                    credential_ref=credential_ref,
+                    payload=payload,
+                )
+            ],
+            capacity_limit=capacity_limit,
+            actor=actor,
+        )[0]
+
+    def register_all(
+        self, registrations: list[DeliveryRegistration], *, capacity_limit: int | None, actor: str
+    ) -> list[DeliveryRecord]:
+        """Register several deliveries in one transaction (all or none)."""
         return self._tx(
-            "registering a delivery",
+            "registering deliveries",
             lambda cur: _sql.register(
-                cur,
-                self._dialect,
-                operation_id=operation_id,
-                intent_digest=intent_digest,
-                receiver=receiver,
-                receiver_url=receiver_url,
-                credential_ref=credential_ref,
-                payload=payload,
-                capacity_limit=capacity_limit,
-                actor=actor,
+                cur, self._dialect, registrations, capacity_limit=capacity_limit, actor=actor
             ),
+        )
+
+    def children(self, parent_id: str) -> list[DeliveryRecord]:
+        """Return the children of a split delivery, in order."""
+        return self._tx(
+            "reading children", lambda cur: _sql.children(cur, self._dialect, parent_id)
         )
 
     def advance(

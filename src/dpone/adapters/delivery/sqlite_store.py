@@ -16,7 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpone.adapters.delivery import _store_sql as _sql
-from dpone.contracts.delivery import DeliveryRecord, DeliveryStep, JobObservation, PayloadRef
+from dpone.contracts.delivery import (
+    DeliveryRecord,
+    DeliveryRegistration,
+    DeliveryStep,
+    JobObservation,
+    PayloadRef,
+)
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
 
 __all__ = ["SCHEMA_VERSION", "SqliteDeliveryStore"]
@@ -56,9 +62,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             block_reason     TEXT,
             detail           TEXT,
             created_at       REAL NOT NULL,
-            updated_at       REAL NOT NULL
+            updated_at       REAL NOT NULL,
+            parent_id        TEXT,
+            child_index      INTEGER
         )
         """,
+        "CREATE INDEX IF NOT EXISTS dpone_delivery_children "
+        "ON dpone_delivery (parent_id, child_index) WHERE parent_id IS NOT NULL",
         """
         CREATE TABLE IF NOT EXISTS dpone_delivery_transitions (
             id           INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -288,19 +298,34 @@ class SqliteDeliveryStore:
         actor: str,
     ) -> DeliveryRecord:
         """Create the record in STAGED if absent, else return it (same intent only)."""
+        return self.register_all(
+            [
+                DeliveryRegistration(
+                    operation_id=operation_id,
+                    intent_digest=intent_digest,
+                    receiver=receiver,
+                    receiver_url=receiver_url,
+                    credential_ref=credential_ref,
+                    payload=payload,
+                )
+            ],
+            capacity_limit=capacity_limit,
+            actor=actor,
+        )[0]
+
+    def register_all(
+        self, registrations: list[DeliveryRegistration], *, capacity_limit: int | None, actor: str
+    ) -> list[DeliveryRecord]:
+        """Register several deliveries in one transaction (all or none)."""
         with self._guard(), self._write() as cur:
             return _sql.register(
-                cur,
-                _DIALECT,
-                operation_id=operation_id,
-                intent_digest=intent_digest,
-                receiver=receiver,
-                receiver_url=receiver_url,
-                credential_ref=credential_ref,
-                payload=payload,
-                capacity_limit=capacity_limit,
-                actor=actor,
+                cur, _DIALECT, registrations, capacity_limit=capacity_limit, actor=actor
             )
+
+    def children(self, parent_id: str) -> list[DeliveryRecord]:
+        """Return the children of a split delivery, in order."""
+        with self._guard():
+            return _sql.children(self._conn().cursor(), _DIALECT, parent_id)
 
     def advance(
         self, *, operation_id: str, expected_version: int, step: DeliveryStep, actor: str
