@@ -46,7 +46,7 @@ def main() -> int:
             wait_budget_s=float(wait),
             retry_base_s=0.1,
             retry_max_s=0.5,
-            submit_lease_s=0.5,
+            submit_lease_s=0.3,
         ),
         promote=promote,
     )

@@ -68,7 +68,7 @@ def _run_until_done(argv: list[str]) -> subprocess.CompletedProcess[str]:
         done = _run(argv)
         if done.returncode not in (5, 10, 75) or time.monotonic() > deadline:
             return done
-        time.sleep(0.3)  # a dead worker's submit lease (0.5 s) must expire first
+        time.sleep(0.2)  # a dead worker's submit lease (0.3 s) must expire first
 
 
 @pytest.mark.parametrize("point", DELIVERY_FAILPOINT_NAMES)
@@ -116,7 +116,7 @@ def test_cli_status_reconcile_resume_after_a_kill_before_the_receipt(receiver, t
     status = cli("status")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["state"] == "SUBMITTING"
-    time.sleep(0.5)  # the dead worker's submit lease expires
+    time.sleep(0.35)  # the dead worker's submit lease expires
     reconciled = cli("reconcile")
     assert reconciled.returncode == 0, reconciled.stderr
     body = json.loads(reconciled.stdout)
