@@ -155,7 +155,11 @@ def test_sink_classifies_refusals_and_never_logs_the_token(receiver, tmp_path, c
     assert refused.retry_after_s == 1.0
     bad = RestDeliverySink(receiver.url, credential_ref="env:DPONE_TEST_NO_SUCH_TOKEN_VAR")
     with pytest.raises(ConfigInvalid):
-        bad.submit(operation_id=op, payload=payload)
+        bad.upload(operation_id=op, payload=payload)
+    unsent = bad.submit(operation_id=op, payload=payload)
+    assert isinstance(unsent, SubmitRefused)
+    assert unsent.transient
+    assert unsent.reason == "credential_unavailable"
     Path(tmp_path / "wrong").write_text("wrong-token\n")
     wrong = RestDeliverySink(receiver.url, credential_ref=f"file:{tmp_path / 'wrong'}")
     rejected = wrong.submit(operation_id=op, payload=payload)

@@ -20,6 +20,7 @@ Rules (ARCHITECTURE section 14):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import socket
 import time
@@ -74,6 +75,7 @@ __all__ = [
 ]
 
 D = DeliveryState
+_INSTANCES = itertools.count(1)
 #: Builds a sink for (receiver URL, credential reference) in this process.
 SinkFactory = Callable[[str, str | None], DeliverySinkPort]
 
@@ -299,7 +301,8 @@ class ResumableDeliveryProcessor:
         self.policy = policy or DeliveryPolicy()
         self._promote = promote
         self._sleep = sleep
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        # unique per instance, so two processors in one process never share a lease
+        self.owner = f"{socket.gethostname()}:{os.getpid()}#{next(_INSTANCES)}"
 
     @property
     def store(self) -> DeliveryStorePort:

@@ -262,6 +262,9 @@ class RestDeliverySink:
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
             # no connection was made, so no request reached the receiver
             return SubmitRefused(transient=True, http_status=None, reason="connect_failed")
+        except ConfigInvalid:
+            # the credential could not be resolved: the request was never sent
+            return SubmitRefused(transient=True, http_status=None, reason="credential_unavailable")
         except httpx.HTTPError as exc:
             return SubmitInconclusive(reason=type(exc).__name__)
         status = response.status_code
