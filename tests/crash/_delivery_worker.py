@@ -1,6 +1,7 @@
 """A delivery worker process: deliver one payload file to a receiver, print the outcome.
 
 argv: JOURNAL RECEIVER_URL PAYLOAD OPERATION_ID LIMIT POLL_BUDGET WAIT_BUDGET CHECKPOINT
+(JOURNAL: a SQLite path, or a PostgreSQL DSN with the schema in DPONE_TEST_DELIVERY_SCHEMA)
 Exit: 0 completed, 10 pending, 3 blocked, 5 lease held, 75 other retryable errors.
 The checkpoint file gets the payload digest written (an absolute write) by ``promote``.
 """
@@ -29,7 +30,12 @@ from dpone.runtime.delivery import (
 def main() -> int:
     journal, url, payload_path, op, limit, poll, wait, checkpoint = sys.argv[1:9]
     failpoints.configure(os.environ.get("DPONE_FAILPOINTS"))
-    store = SqliteDeliveryStore(Path(journal))
+    if journal.startswith("postgresql://"):
+        from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+
+        store = PostgresDeliveryStore(journal, schema=os.environ["DPONE_TEST_DELIVERY_SCHEMA"])
+    else:
+        store = SqliteDeliveryStore(Path(journal))
     payload = stage_payload(Path(payload_path), chunk_bytes=64)
 
     def promote(record) -> None:

@@ -26,9 +26,11 @@ pytestmark = pytest.mark.crash
 WORKER = Path(__file__).with_name("_delivery_worker.py")
 
 
-def _env(failpoints: str | None = None) -> dict[str, str]:
+def _env(failpoints: str | None = None, schema: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DPONE_FAILPOINTS"}
     env["DPONE_TEST_DELIVERY_TOKEN"] = RECEIVER_TOKEN
+    if schema:
+        env["DPONE_TEST_DELIVERY_SCHEMA"] = schema
     if failpoints:
         env["DPONE_FAILPOINTS"] = failpoints
     return env
@@ -38,14 +40,16 @@ def _op() -> str:
     return "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest()
 
 
-def _argv(tmp: Path, url: str, op: str, *, limit=3, poll=5.0, wait=5.0) -> list[str]:
+def _argv(
+    tmp: Path, url: str, op: str, *, limit=3, poll=5.0, wait=5.0, journal: str | None = None
+) -> list[str]:
     payload = tmp / "payload.jsonl"
     if not payload.exists():
         payload.write_text("".join(f'{{"id": {i}}}\n' for i in range(50)))
     return [
         sys.executable,
         str(WORKER),
-        str(tmp / "journal.sqlite"),
+        journal or str(tmp / "journal.sqlite"),
         url,
         str(payload),
         op,
@@ -56,16 +60,18 @@ def _argv(tmp: Path, url: str, op: str, *, limit=3, poll=5.0, wait=5.0) -> list[
     ]
 
 
-def _run(argv: list[str], failpoints: str | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: list[str], failpoints: str | None = None, schema: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, env=_env(failpoints), capture_output=True, text=True, timeout=60, check=False
+        argv, env=_env(failpoints, schema), capture_output=True, text=True, timeout=60, check=False
     )
 
 
-def _run_until_done(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def _run_until_done(argv: list[str], schema: str | None = None) -> subprocess.CompletedProcess[str]:
     deadline = time.monotonic() + 30
     while True:
-        done = _run(argv)
+        done = _run(argv, schema=schema)
         if done.returncode not in (5, 10, 75) or time.monotonic() > deadline:
             return done
         time.sleep(0.2)  # a dead worker's submit lease (0.3 s) must expire first
@@ -93,6 +99,53 @@ def test_sigkill_at_every_delivery_point_then_rerun(receiver, tmp_path, point):
         store.close()
     checkpoint = tmp_path / f"checkpoint-{op[7:15]}"
     assert checkpoint.read_text().strip() == record.payload.digest
+
+
+@pytest.mark.parametrize("point", ["after:delivery.submit", "before:delivery.COMPLETE"])
+def test_sigkill_on_the_postgres_control_plane_then_rerun(
+    receiver, tmp_path, point, pg_available, pg_schema
+):
+    """The same campaign on PostgreSQL at the two riskiest points: one job, COMPLETE once."""
+    from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+
+    receiver.set_faults(job_duration_s=0.2)
+    op = _op()
+    argv = _argv(tmp_path, receiver.url, op, journal=pg_available)
+    killed = _run(argv, failpoints=f"{point}=kill", schema=pg_schema)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    done = _run_until_done(argv, schema=pg_schema)
+    assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
+    assert receiver.jobs_created(op) == 1
+    store = PostgresDeliveryStore(pg_available, schema=pg_schema)
+    try:
+        record = store.get(op)
+        assert record.state is DeliveryState.COMPLETE
+        assert [h["to_state"] for h in store.history(op)].count("COMPLETE") == 1
+        assert store.active_reservations(record.receiver) == 0
+    finally:
+        store.close()
+
+
+def test_receiver_sigkill_while_a_worker_polls(receiver, tmp_path):
+    """The receiver dies and restarts mid-job: the polling worker completes, one job."""
+    receiver.set_faults(job_duration_s=1.0)
+    op = _op()
+    worker = subprocess.Popen(
+        _argv(tmp_path, receiver.url, op, poll=30.0),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while receiver.jobs_created(op) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    receiver.kill()
+    time.sleep(0.3)
+    receiver.start()
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, (out, err[-2000:])
+    assert receiver.jobs_created(op) == 1
 
 
 def test_cli_status_reconcile_resume_after_a_kill_before_the_receipt(receiver, tmp_path):
