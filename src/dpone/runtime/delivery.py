@@ -54,6 +54,7 @@ from dpone.errors import (
     IntentConflict,
     JournalConflict,
     LeaseHeld,
+    OperationNotFound,
     ReceiverUnavailable,
     RecoveryRefused,
     SourceInvalid,
@@ -281,7 +282,8 @@ class ResumableDeliveryProcessor:
         sink_factory: builds the receiver's sink in this process (credentials resolved here).
         policy: polling, waiting and retry bounds.
         promote: called once the remote job succeeded, before COMPLETE is written (e.g. an
-            absolute checkpoint write); must be idempotent: a crash may repeat it.
+            absolute checkpoint write); must be idempotent: a crash may repeat it. For a
+            split delivery it is called per child (a parent-level hook is not built).
         sleep: injectable for tests.
 
     """
@@ -316,16 +318,18 @@ class ResumableDeliveryProcessor:
         self._sinks.clear()
 
     def _sink(self, record: DeliveryRecord) -> DeliverySinkPort:
-        key = (record.receiver_url, record.credential_ref)
+        return self._sink_for(record.receiver_url, record.credential_ref)
+
+    def _sink_for(self, url: str, credential_ref: str | None) -> DeliverySinkPort:
+        key = (url, credential_ref)
         if key not in self._sinks:
-            self._sinks[key] = self._sink_factory(record.receiver_url, record.credential_ref)
+            self._sinks[key] = self._sink_factory(url, credential_ref)
         return self._sinks[key]
 
     # ------------------------------------------------------------------ entry points
     def deliver(self, request: DeliveryRequest) -> DeliveryResult:
         """Record the payload authority (if new) and submit, or continue an earlier call."""
-        sink = self._sink_factory(request.receiver_url, request.credential_ref)
-        self._sinks.setdefault((request.receiver_url, request.credential_ref), sink)
+        sink = self._sink_for(request.receiver_url, request.credential_ref)
         record = self._store.register(
             operation_id=request.operation_id,
             intent_digest=request.intent_digest,
@@ -356,8 +360,7 @@ class ResumableDeliveryProcessor:
         children are.
         """
         if not self._store.children(request.operation_id):
-            sink = self._sink_factory(request.receiver_url, request.credential_ref)
-            self._sinks.setdefault((request.receiver_url, request.credential_ref), sink)
+            sink = self._sink_for(request.receiver_url, request.credential_ref)
             parts = split_payload(request.payload, rows_per_child=request.rows_per_child)
             if not parts:
                 raise SourceInvalid("the payload has no rows to deliver", field="payload")
@@ -443,8 +446,8 @@ class ResumableDeliveryProcessor:
             )
         return self._reconcile(record, _Budget(0.0), resubmit=False)
 
-    def _not_found(self, operation_id: str) -> DeliveryRejected:
-        return DeliveryRejected(
+    def _not_found(self, operation_id: str) -> OperationNotFound:
+        return OperationNotFound(
             "no delivery is recorded for this operation id", operation_id=operation_id
         )
 
