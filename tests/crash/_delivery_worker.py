@@ -1,6 +1,7 @@
 """A delivery worker process: deliver one payload file to a receiver, print the outcome.
 
 argv: JOURNAL RECEIVER_URL PAYLOAD OPERATION_ID LIMIT POLL_BUDGET WAIT_BUDGET CHECKPOINT
+[ROWS_PER_CHILD] (given: a split delivery whose children run one after another)
 (JOURNAL: a SQLite path, or a PostgreSQL DSN with the schema in DPONE_TEST_DELIVERY_SCHEMA)
 Exit: 0 completed, 10 pending, 3 blocked, 5 lease held, 75 other retryable errors.
 The checkpoint file gets the payload digest written (an absolute write) by ``promote``.
@@ -21,6 +22,7 @@ from dpone.runtime import failpoints
 from dpone.runtime.delivery import (
     DeliveryPolicy,
     DeliveryRequest,
+    ParentDeliveryRequest,
     ResumableDeliveryProcessor,
     delivery_intent_digest,
     stage_payload,
@@ -29,6 +31,7 @@ from dpone.runtime.delivery import (
 
 def main() -> int:
     journal, url, payload_path, op, limit, poll, wait, checkpoint = sys.argv[1:9]
+    rows_per_child = int(sys.argv[9]) if len(sys.argv) > 9 else 0
     failpoints.configure(os.environ.get("DPONE_FAILPOINTS"))
     if journal.startswith("postgresql://"):
         from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
@@ -56,18 +59,22 @@ def main() -> int:
         ),
         promote=promote,
     )
-    request = DeliveryRequest(
-        operation_id=op,
-        intent_digest=delivery_intent_digest(
-            payload=payload, receiver=url, pack_fingerprint="crash-pack"
-        ),
-        payload=payload,
-        receiver_url=url,
-        credential_ref="env:DPONE_TEST_DELIVERY_TOKEN",
-        capacity_limit=int(limit),
-    )
+    intent = delivery_intent_digest(payload=payload, receiver=url, pack_fingerprint="crash-pack")
+    common = {
+        "operation_id": op,
+        "intent_digest": intent,
+        "payload": payload,
+        "receiver_url": url,
+        "credential_ref": "env:DPONE_TEST_DELIVERY_TOKEN",
+        "capacity_limit": int(limit),
+    }
     try:
-        result = proc.deliver(request)
+        if rows_per_child:
+            result = proc.deliver_parent(
+                ParentDeliveryRequest(**common, rows_per_child=rows_per_child)
+            )
+        else:
+            result = proc.deliver(DeliveryRequest(**common))
     except LeaseHeld:
         return 5
     except DponeError as exc:

@@ -148,6 +148,28 @@ def test_receiver_sigkill_while_a_worker_polls(receiver, tmp_path):
     assert receiver.jobs_created(op) == 1
 
 
+@pytest.mark.parametrize("point", ["after:delivery.submit@2", "before:delivery.COMPLETE@2"])
+def test_sigkill_inside_a_split_delivery_then_rerun(receiver, tmp_path, point):
+    """Killed around child 1 of 3, rerun: one remote job per child, all COMPLETE once."""
+    receiver.set_faults(job_duration_s=0.1)
+    parent = _op()
+    argv = [*_argv(tmp_path, receiver.url, parent), "20"]  # 50 rows -> children of 20, 20, 10
+    killed = _run(argv, failpoints=point.replace("@", "=kill@"))
+    assert killed.returncode == -9, (killed.stdout, killed.stderr[-2000:])
+    done = _run_until_done(argv)
+    assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
+    store = SqliteDeliveryStore(tmp_path / "journal.sqlite")
+    try:
+        children = store.children(parent)
+        assert [c.payload.rows for c in children] == [20, 20, 10]
+        for child in children:
+            assert child.state is DeliveryState.COMPLETE
+            assert receiver.jobs_created(child.operation_id) == 1
+            assert [h["to_state"] for h in store.history(child.operation_id)].count("COMPLETE") == 1
+    finally:
+        store.close()
+
+
 def test_cli_status_reconcile_resume_after_a_kill_before_the_receipt(receiver, tmp_path):
     """After a kill between the 202 and the durable receipt the CLI reconciles by key."""
     op = _op()
