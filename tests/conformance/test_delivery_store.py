@@ -26,6 +26,7 @@ from dpone.errors import (
     JournalConflict,
     OperationNotFound,
     RecoveryConflict,
+    RecoveryRefused,
     UnsafeValue,
 )
 
@@ -302,3 +303,63 @@ def test_children_are_registered_together_and_submitted_in_order(backend):
         actor="test",
     )
     assert _submit(store, second).state is D.SUBMITTING
+
+
+def test_operator_releases_a_blocked_slot_with_an_audit_record(backend):
+    """Only a BLOCKED delivery's slot is released by an operator; the audit records it."""
+    _, store, _, _ = backend
+    record = _submit(store, _register(store, 40, limit=1))
+    with pytest.raises(RecoveryRefused):
+        store.release_capacity(
+            operation_id=record.operation_id,
+            expected_version=record.version,
+            principal="ops",
+            reason="checked",
+        )
+    record = store.advance(
+        operation_id=record.operation_id,
+        expected_version=record.version,
+        step=DeliveryStep(to_state=D.SUBMIT_UNKNOWN, attempt_outcome="inconclusive"),
+        actor="test",
+    )
+    record = store.advance(
+        operation_id=record.operation_id,
+        expected_version=record.version,
+        step=DeliveryStep(to_state=D.BLOCKED, block_reason=BlockReason.KEY_LOOKUP_UNSUPPORTED),
+        actor="test",
+    )
+    assert store.active_reservations(RECEIVER) == 1
+    with pytest.raises(UnsafeValue):
+        store.release_capacity(
+            operation_id=record.operation_id,
+            expected_version=record.version,
+            principal="ops",
+            reason="password=hunter22",
+        )
+    with pytest.raises(JournalConflict):
+        store.release_capacity(
+            operation_id=record.operation_id,
+            expected_version=record.version - 1,
+            principal="ops",
+            reason="checked at the receiver: no job",
+        )
+    released = store.release_capacity(
+        operation_id=record.operation_id,
+        expected_version=record.version,
+        principal="ops",
+        reason="checked at the receiver: no job",
+    )
+    assert released.state is D.BLOCKED
+    assert released.version == record.version + 1
+    assert store.active_reservations(RECEIVER) == 0
+    audit = store.audit_log(record.operation_id)
+    assert len(audit) == 1
+    assert audit[0]["principal"] == "ops"
+    assert audit[0]["action"] == "release-capacity"
+    with pytest.raises(RecoveryRefused):  # nothing held any more
+        store.release_capacity(
+            operation_id=record.operation_id,
+            expected_version=released.version,
+            principal="ops",
+            reason="again",
+        )

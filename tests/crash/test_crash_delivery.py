@@ -205,7 +205,7 @@ def test_cli_status_reconcile_resume_after_a_kill_before_the_receipt(receiver, t
 
 
 def test_cli_reconcile_without_key_lookup_blocks(receiver, tmp_path):
-    """A lost answer at a receiver without key lookup: reconcile exits 3 with the reason."""
+    """No key lookup: blocked (exit 3), slot held; an authorized operator releases it."""
     receiver.set_faults(drop_response_after_accept=1, key_lookup=False)
     op = _op()
     done = _run(_argv(tmp_path, receiver.url, op))
@@ -231,6 +231,21 @@ def test_cli_reconcile_without_key_lookup_blocks(receiver, tmp_path):
     assert body["block_reason"] == "key_lookup_unsupported"
     assert body["capacity_held_at_receiver"] == 1
     assert receiver.jobs_created(op) == 1
+    release = [
+        *dpone_cmd("delivery", "release-capacity", "--operation-id", op, "--json"),
+        *("--journal", f"sqlite:///{tmp_path / 'journal.sqlite'}"),
+        *("--expected-version", str(body["version"]), "--reason", "checked at the receiver"),
+    ]
+    env = {**_env(), "DPONE_PRINCIPAL": "ops-anna"}
+    refused = subprocess.run(release, env=env, capture_output=True, text=True, check=False)
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout)["error"]["code"] == "DPONE_RECOVERY_UNAUTHORIZED"
+    env["DPONE_DELIVERY_OPERATORS"] = "ops-anna"
+    applied = subprocess.run(release, env=env, capture_output=True, text=True, check=False)
+    assert applied.returncode == 0, applied.stderr
+    after = json.loads(applied.stdout)
+    assert after["capacity_held_at_receiver"] == 0
+    assert after["audit"][0]["principal"] == "ops-anna"
 
 
 def _max_overlap(journal: Path) -> int:

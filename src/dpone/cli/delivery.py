@@ -216,3 +216,47 @@ def reconcile(
             payload["finding"] = f"job found under this key, receipt {record.receipt}"
         _print(payload, as_json=as_json)
         raise typer.Exit(EXIT_BLOCKED if record.state is DeliveryState.BLOCKED else 0)
+
+
+@delivery_app.command("release-capacity")
+def release_capacity(
+    operation_id: OperationOpt,
+    expected_version: Annotated[int, typer.Option(help="The version status showed.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded in the audit log.")],
+    journal: JournalOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Give a BLOCKED delivery's capacity slot back (audited; the delivery stays BLOCKED).
+
+    Only after checking at the receiver that no job of it is active. The principal
+    ($DPONE_PRINCIPAL or the login name) must be listed in $DPONE_DELIVERY_OPERATORS.
+    """
+    import getpass
+
+    from dpone.cli.main import _boundary
+    from dpone.config.delivery import open_delivery_store
+    from dpone.errors import Unauthorized
+
+    principal = os.environ.get("DPONE_PRINCIPAL") or getpass.getuser()
+    allowed = {p.strip() for p in os.environ.get("DPONE_DELIVERY_OPERATORS", "").split(",")}
+    with _boundary(as_json):
+        if principal not in allowed - {""}:
+            raise Unauthorized(
+                f"principal {principal!r} may not apply delivery operator actions",
+                operation_id=operation_id,
+                hint="list the principal in DPONE_DELIVERY_OPERATORS (comma-separated)",
+            )
+        store = open_delivery_store(_journal_url(journal), base_dir=Path.cwd())
+        try:
+            record = store.release_capacity(
+                operation_id=operation_id,
+                expected_version=expected_version,
+                principal=principal,
+                reason=reason,
+            )
+            payload = _record_json(record)
+            payload["capacity_held_at_receiver"] = store.active_reservations(record.receiver)
+            payload["audit"] = store.audit_log(operation_id)
+        finally:
+            store.close()
+        _print(payload, as_json=as_json)

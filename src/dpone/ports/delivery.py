@@ -146,6 +146,25 @@ class DeliveryStorePort(Protocol):
         """
         ...
 
+    def release_capacity(
+        self, *, operation_id: str, expected_version: int, principal: str, reason: str
+    ) -> DeliveryRecord:
+        """An operator frees the slot of a BLOCKED delivery: release + audit + version + 1.
+
+        The delivery stays BLOCKED. The operator states (and the audit records) that no
+        remote job of it is active any more.
+
+        Raises:
+            RecoveryRefused: the delivery is not BLOCKED or holds no slot.
+            JournalConflict: the version moved on.
+
+        """
+        ...
+
+    def audit_log(self, operation_id: str) -> list[dict[str, object]]:
+        """Return the operator actions on one delivery, in order."""
+        ...
+
     def list_records(self, *, limit: int = 100) -> list[DeliveryRecord]:
         """Return records, newest update first."""
         ...

@@ -8,7 +8,7 @@ written once with ``?`` placeholders and ``{p}`` for the schema prefix; a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpone.adapters.delivery import _rules
@@ -20,10 +20,18 @@ from dpone.contracts.delivery import (
     JobObservation,
     RemoteStatus,
 )
-from dpone.errors import ConfigInvalid, DeliveryCapacityFull, IllegalTransition, RecoveryConflict
+from dpone.errors import (
+    ConfigInvalid,
+    DeliveryCapacityFull,
+    IllegalTransition,
+    RecoveryConflict,
+    RecoveryRefused,
+    UnsafeValue,
+)
 
 __all__ = [
     "ATTEMPTS_SQL",
+    "AUDIT_SQL",
     "HISTORY_SQL",
     "Dialect",
     "active_reservations",
@@ -35,6 +43,7 @@ __all__ = [
     "observations",
     "read",
     "register",
+    "release_capacity",
 ]
 
 _COLUMNS = ", ".join(_rules.RECORD_COLUMNS)
@@ -290,6 +299,92 @@ def advance(
         raise _rules.conflict(record, expected_version)
     _transition(cur, d, record.state, after, actor)
     return after
+
+
+def release_capacity(
+    cur: Any,
+    d: Dialect,
+    *,
+    operation_id: str,
+    expected_version: int,
+    principal: str,
+    reason: str,
+) -> DeliveryRecord:
+    """An operator frees a BLOCKED delivery's slot: release, audit and version + 1 in one write.
+
+    The delivery stays BLOCKED; only its capacity slot is given back, on the operator's
+    word (recorded) that no remote job of it is active any more.
+    """
+    if not reason.strip() or not principal.strip():
+        raise UnsafeValue("an operator action needs a principal and a reason", field="reason")
+    _rules.check_detail(principal)
+    _rules.check_detail(reason)
+    record = read(cur, d, operation_id, lock=True)
+    if record is None:
+        raise _rules.not_found(operation_id)
+    if record.version != expected_version:
+        raise _rules.conflict(record, expected_version)
+    if record.state is not DeliveryState.BLOCKED:
+        raise RecoveryRefused(
+            f"only a BLOCKED delivery's slot can be released by an operator; this one is "
+            f"{record.state.value} and releases its slot itself when it ends",
+            operation_id=operation_id,
+            state=record.state.value,
+            journal_version=record.version,
+        )
+    cur.execute(
+        d.q(
+            "SELECT id FROM {p}dpone_delivery_reservations "
+            "WHERE operation_id = ? AND released_at IS NULL"
+        ),
+        (operation_id,),
+    )
+    held = cur.fetchone()
+    if held is None:
+        raise RecoveryRefused(
+            "this delivery holds no capacity slot", operation_id=operation_id, state="BLOCKED"
+        )
+    at = now(cur, d)
+    detail = _rules.check_detail(f"capacity released by operator {principal}")
+    cur.execute(
+        d.q(
+            "UPDATE {p}dpone_delivery_reservations SET released_at = ?, released_by = ? "
+            "WHERE id = ?"
+        ),
+        (at, f"operator {principal}", held[0]),
+    )
+    cur.execute(
+        d.q(
+            "INSERT INTO {p}dpone_delivery_audit (operation_id, principal, action, reason, "
+            "state, before_version, after_version, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        ),
+        (
+            operation_id,
+            principal,
+            "release-capacity",
+            reason,
+            record.state.value,
+            record.version,
+            record.version + 1,
+            at,
+        ),
+    )
+    after = replace(record, version=record.version + 1, detail=detail, updated_at=at)
+    cur.execute(
+        d.q(
+            "UPDATE {p}dpone_delivery SET version = ?, detail = ?, updated_at = ? "
+            "WHERE operation_id = ? AND version = ?"
+        ),
+        (after.version, after.detail, at, operation_id, expected_version),
+    )
+    _transition(cur, d, record.state, after, f"operator:{principal}")
+    return after
+
+
+AUDIT_SQL = (
+    "SELECT principal, action, reason, state, before_version, after_version, at "
+    "FROM {p}dpone_delivery_audit WHERE operation_id = ? ORDER BY id"
+)
 
 
 def _check_serial(cur: Any, d: Dialect, record: DeliveryRecord) -> None:

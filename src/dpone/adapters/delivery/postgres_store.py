@@ -154,6 +154,24 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         BEFORE UPDATE OR DELETE ON {p}dpone_delivery_observations
         FOR EACH ROW EXECUTE FUNCTION {p}dpone_delivery_append_only()
         """,
+        """
+        CREATE TABLE IF NOT EXISTS {p}dpone_delivery_audit (
+            id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            operation_id   text NOT NULL,
+            principal      text NOT NULL,
+            action         text NOT NULL,
+            reason         text NOT NULL,
+            state          text NOT NULL,
+            before_version bigint NOT NULL,
+            after_version  bigint NOT NULL,
+            at             float8 NOT NULL
+        )
+        """,
+        """
+        CREATE OR REPLACE TRIGGER dpone_delivery_audit_append_only
+        BEFORE UPDATE OR DELETE ON {p}dpone_delivery_audit
+        FOR EACH ROW EXECUTE FUNCTION {p}dpone_delivery_append_only()
+        """,
     ),
 )
 #: The delivery schema version this code writes and reads.
@@ -373,4 +391,27 @@ class PostgresDeliveryStore:
                 step=step,
                 actor=actor,
             ),
+        )
+
+    def release_capacity(
+        self, *, operation_id: str, expected_version: int, principal: str, reason: str
+    ) -> DeliveryRecord:
+        """An operator frees a BLOCKED delivery's slot (audited, one transaction)."""
+        return self._tx(
+            "releasing capacity",
+            lambda cur: _sql.release_capacity(
+                cur,
+                self._dialect,
+                operation_id=operation_id,
+                expected_version=expected_version,
+                principal=principal,
+                reason=reason,
+            ),
+        )
+
+    def audit_log(self, operation_id: str) -> list[dict[str, object]]:
+        """Return the operator actions on one delivery, in order."""
+        return self._tx(
+            "reading the audit log",
+            lambda cur: _sql.dicts(cur, self._dialect, _sql.AUDIT_SQL, operation_id),
         )

@@ -145,6 +145,24 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         BEFORE UPDATE ON dpone_delivery_observations
         BEGIN SELECT RAISE(ABORT, 'dpone_delivery_observations is append-only'); END
         """,
+        """
+        CREATE TABLE IF NOT EXISTS dpone_delivery_audit (
+            id             INTEGER PRIMARY KEY AUTOINCREMENT,
+            operation_id   TEXT NOT NULL,
+            principal      TEXT NOT NULL,
+            action         TEXT NOT NULL,
+            reason         TEXT NOT NULL,
+            state          TEXT NOT NULL,
+            before_version INTEGER NOT NULL,
+            after_version  INTEGER NOT NULL,
+            at             REAL NOT NULL
+        )
+        """,
+        """
+        CREATE TRIGGER IF NOT EXISTS dpone_delivery_audit_append_only
+        BEFORE UPDATE ON dpone_delivery_audit
+        BEGIN SELECT RAISE(ABORT, 'dpone_delivery_audit is append-only'); END
+        """,
     ),
 )
 #: The delivery schema version this code writes and reads.
@@ -340,3 +358,22 @@ class SqliteDeliveryStore:
                 step=step,
                 actor=actor,
             )
+
+    def release_capacity(
+        self, *, operation_id: str, expected_version: int, principal: str, reason: str
+    ) -> DeliveryRecord:
+        """An operator frees a BLOCKED delivery's slot (audited, one transaction)."""
+        with self._guard(), self._write() as cur:
+            return _sql.release_capacity(
+                cur,
+                _DIALECT,
+                operation_id=operation_id,
+                expected_version=expected_version,
+                principal=principal,
+                reason=reason,
+            )
+
+    def audit_log(self, operation_id: str) -> list[dict[str, object]]:
+        """Return the operator actions on one delivery, in order."""
+        with self._guard():
+            return _sql.dicts(self._conn().cursor(), _DIALECT, _sql.AUDIT_SQL, operation_id)
