@@ -101,11 +101,12 @@ def test_sigkill_at_every_delivery_point_then_rerun(receiver, tmp_path, point):
     assert checkpoint.read_text().strip() == record.payload.digest
 
 
-@pytest.mark.parametrize("point", ["after:delivery.submit", "before:delivery.COMPLETE"])
+# the riskiest point (202 answered, receipt not durable); the matrix runs on SQLite
+@pytest.mark.parametrize("point", ["after:delivery.submit"])
 def test_sigkill_on_the_postgres_control_plane_then_rerun(
     receiver, tmp_path, point, pg_available, pg_schema
 ):
-    """The same campaign on PostgreSQL at the two riskiest points: one job, COMPLETE once."""
+    """The campaign's riskiest point on PostgreSQL: one job, COMPLETE once."""
     from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
 
     receiver.set_faults(job_duration_s=0.2)
@@ -148,7 +149,8 @@ def test_receiver_sigkill_while_a_worker_polls(receiver, tmp_path):
     assert receiver.jobs_created(op) == 1
 
 
-@pytest.mark.parametrize("point", ["after:delivery.submit@2", "before:delivery.COMPLETE@2"])
+# one point per parent (the single-delivery matrix covers the others; test budget)
+@pytest.mark.parametrize("point", ["after:delivery.submit@2"])
 def test_sigkill_inside_a_split_delivery_then_rerun(receiver, tmp_path, point):
     """Killed around child 1 of 3, rerun: one remote job per child, all COMPLETE once."""
     receiver.set_faults(job_duration_s=0.1)
