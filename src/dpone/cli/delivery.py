@@ -156,6 +156,109 @@ def status(
         _print(payload, as_json=as_json)
 
 
+@delivery_app.command("send")
+def send(
+    payload: Annotated[Path, typer.Option(help="JSON-lines file to deliver.")],
+    receiver: Annotated[str, typer.Option(help="Receiver base URL (no credentials in it).")],
+    workload_id: Annotated[str, typer.Option(help="Workload name (part of the identity).")],
+    interval: Annotated[str, typer.Option(help="START/END, part of the identity.")],
+    credential: Annotated[
+        str | None, typer.Option(help="Bearer token reference: env:NAME or file:PATH.")
+    ] = None,
+    partition: Annotated[str, typer.Option(help="Partition (part of the identity).")] = "-",
+    release: Annotated[str, typer.Option(help="Release id (part of the identity).")] = "-",
+    deployment: Annotated[str, typer.Option(help="Deployment id (identity).")] = "-",
+    rows_per_child: Annotated[
+        int, typer.Option(min=0, help="Split into child jobs of this many rows (0: one job).")
+    ] = 0,
+    capacity: Annotated[
+        int | None, typer.Option(min=1, help="Limit of active jobs at this receiver.")
+    ] = None,
+    chunk_bytes: Annotated[int, typer.Option(min=1024, help="Upload chunk size.")] = 1 << 20,
+    staging_dir: Annotated[
+        Path, typer.Option(help="Where payloads are staged (content-addressed copies).")
+    ] = Path(".dpone/staging"),
+    journal: JournalOpt = None,
+    poll_budget: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to keep observing a running job.")
+    ] = 0.0,
+    wait_budget: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to wait for capacity or a due retry.")
+    ] = 0.0,
+    poll_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between checks.")] = 5.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stage a payload and deliver it once (or continue the same delivery if it exists).
+
+    The operation id comes from the identity options, so the same command is safe to
+    run again: it resumes, and never creates a second remote job. Exit 0 when
+    completed or pending (see "outcome"), 3 when blocked.
+    """
+    from dpone.adapters.delivery.rest import KIND, normalize_receiver_url
+    from dpone.cli.main import _boundary
+    from dpone.config.delivery import (
+        delivery_operation_id,
+        open_delivery_processor,
+        stage_payload_copy,
+    )
+    from dpone.runtime.delivery import (
+        DeliveryPolicy,
+        DeliveryRequest,
+        ParentDeliveryRequest,
+        delivery_intent_digest,
+    )
+
+    policy = DeliveryPolicy(
+        poll_interval_s=poll_interval, poll_budget_s=poll_budget, wait_budget_s=wait_budget
+    )
+    with _boundary(as_json):
+        receiver = normalize_receiver_url(receiver)
+        target = f"{KIND}:{receiver}"
+        operation_id = delivery_operation_id(
+            workload_id=workload_id,
+            interval=interval,
+            partition=partition,
+            release=release,
+            deployment=deployment,
+            receiver=target,
+        )
+        staged = stage_payload_copy(payload, staging_dir=staging_dir, chunk_bytes=chunk_bytes)
+        intent = delivery_intent_digest(
+            payload=staged, receiver=target, pack_fingerprint=f"cli:{workload_id}"
+        )
+        proc = open_delivery_processor(_journal_url(journal), base_dir=Path.cwd(), policy=policy)
+        try:
+            if rows_per_child:
+                result = proc.deliver_parent(
+                    ParentDeliveryRequest(
+                        operation_id=operation_id,
+                        intent_digest=intent,
+                        payload=staged,
+                        rows_per_child=rows_per_child,
+                        receiver_url=receiver,
+                        credential_ref=credential,
+                        capacity_limit=capacity,
+                    )
+                )
+            else:
+                result = proc.deliver(
+                    DeliveryRequest(
+                        operation_id=operation_id,
+                        intent_digest=intent,
+                        payload=staged,
+                        receiver_url=receiver,
+                        credential_ref=credential,
+                        capacity_limit=capacity,
+                    )
+                )
+        finally:
+            proc.close()
+            proc.store.close()
+        body, code = _result_json(result)
+        _print(body, as_json=as_json)
+        raise typer.Exit(code)
+
+
 @delivery_app.command("resume")
 def resume(
     operation_id: OperationOpt,

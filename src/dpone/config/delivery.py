@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
-from dpone.errors import ConfigInvalid
+from dpone.contracts.delivery import PayloadRef
+from dpone.contracts.identity import CLI_DAG_ID, derive_operation_id, parse_interval
+from dpone.errors import ConfigInvalid, SourceInvalid
 from dpone.ports.delivery import DeliverySinkPort, DeliveryStorePort
-from dpone.runtime.delivery import DeliveryPolicy, ResumableDeliveryProcessor, SinkFactory
+from dpone.runtime.delivery import (
+    DeliveryPolicy,
+    ResumableDeliveryProcessor,
+    SinkFactory,
+    stage_payload,
+)
 
-__all__ = ["open_delivery_processor", "open_delivery_store", "rest_sink_factory"]
+__all__ = [
+    "delivery_operation_id",
+    "open_delivery_processor",
+    "open_delivery_store",
+    "rest_sink_factory",
+    "stage_payload_copy",
+]
 
 
 def open_delivery_store(
@@ -73,4 +88,49 @@ def open_delivery_processor(
         store=open_delivery_store(journal, base_dir=base_dir),
         sink_factory=factory,
         policy=policy,
+    )
+
+
+def stage_payload_copy(source: Path, *, staging_dir: Path, chunk_bytes: int) -> PayloadRef:
+    """Copy ``source`` into a content-addressed staging file and describe it.
+
+    The copy is the payload authority: editing or removing ``source`` afterwards
+    changes nothing that was recorded. The same content is staged once.
+
+    Raises:
+        SourceInvalid: ``source`` cannot be read.
+
+    """
+    described = stage_payload(source, chunk_bytes=chunk_bytes)
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    staged = staging_dir / f"{described.digest[7:]}.jsonl"
+    if not staged.is_file():
+        tmp = staging_dir / f".{staged.name}.tmp-{os.getpid()}"
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, staged)
+    copy = stage_payload(staged, chunk_bytes=chunk_bytes)
+    if copy.digest != described.digest:
+        raise SourceInvalid("the payload changed while it was being staged", field="payload")
+    return copy
+
+
+def delivery_operation_id(
+    *,
+    workload_id: str,
+    interval: str,
+    partition: str,
+    release: str,
+    deployment: str,
+    receiver: str,
+) -> str:
+    """The operation id of a delivery started outside Airflow (DAG fields are ``-``)."""
+    return derive_operation_id(
+        release_id=release,
+        deployment_id=deployment,
+        dag_id=CLI_DAG_ID,
+        dag_run_logical_identity=CLI_DAG_ID,
+        workload_id=workload_id,
+        mapped_partition_identity=partition,
+        canonical_interval=parse_interval(interval),
+        canonical_target_identity=receiver,
     )
