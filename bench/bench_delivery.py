@@ -32,7 +32,7 @@ from pathlib import Path
 
 from dpone.testing.rest_receiver import ReceiverProcess
 
-TOKEN = "bench-token"  # noqa: S105 - a throwaway token for the loopback receiver
+TOKEN = "bench-token"  # a throwaway token for the loopback receiver
 
 WORKER = r"""
 import json, sys, time
