@@ -23,6 +23,7 @@
     +-- IllegalTransition            DPONE_JOURNAL_ILLEGAL_TRANSITION     TERMINAL
     +-- FencedOut                    DPONE_TARGET_FENCED_OUT              TRANSIENT
     +-- InjectedFault                DPONE_INJECTED_FAULT                 TRANSIENT
+    +-- AuditFailed                  DPONE_AUDIT_FAILED                   TERMINAL
 
 Errors never carry SQL text, row values, credentials or URLs: only the fields
 listed in ``SAFE_FIELDS``. They pickle (for multiprocessing and Airflow) and
@@ -36,6 +37,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "SAFE_FIELDS",
+    "AuditFailed",
     "CommitUnknown",
     "CommittedIncomplete",
     "ConfigInvalid",
@@ -86,6 +88,7 @@ class ErrorCode(str, enum.Enum):
     ILLEGAL_TRANSITION = "DPONE_JOURNAL_ILLEGAL_TRANSITION"
     FENCED_OUT = "DPONE_TARGET_FENCED_OUT"
     INJECTED_FAULT = "DPONE_INJECTED_FAULT"
+    AUDIT_FAILED = "DPONE_AUDIT_FAILED"
 
 
 class Retryability(str, enum.Enum):
@@ -338,3 +341,27 @@ class InjectedFault(DponeError):
 
     code = ErrorCode.INJECTED_FAULT
     retryability = Retryability.TRANSIENT
+
+
+class AuditFailed(DponeError):
+    """A write-audit-publish audit found violations in the staged rows; nothing was published.
+
+    ``findings`` holds counts only (never rows): the first failing audit's name and
+    violation count, how many audits failed and how many ran. The journal records them
+    with FAILED_PRE_COMMIT; the operation can be run again once the data is fixed.
+    """
+
+    code = ErrorCode.AUDIT_FAILED
+
+    def __init__(self, message: str, *, findings: dict[str, str | int], **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.findings = dict(findings)
+
+    def attrs(self) -> dict[str, Any]:
+        """The safe view, with the findings (names and counts)."""
+        return {**super().attrs(), "findings": dict(self.findings)}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        kwargs = {name: getattr(self, name) for name in SAFE_FIELDS}
+        kwargs["findings"] = self.findings
+        return (_rebuild, (type(self), self.message, kwargs))
