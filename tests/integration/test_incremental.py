@@ -302,3 +302,48 @@ def test_a_refused_complete_promotes_nothing(checkpoint_journal: Any) -> None:
         )
     assert journal.get_checkpoint(advance.stream_id) is None
     assert journal.get(op).state is CommitState.COMMITTING
+
+
+def test_atomic_mode_on_postgres_promotes_in_the_target_transaction(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """Journal and target in one PostgreSQL database: data, COMPLETE, watermark in one commit."""
+    from dpone.adapters.journal.postgres import PostgresCommitJournal
+
+    _sqlite_source(tmp_path / "src.db", [(1, "a", "2026-11-01 01:00:00")])
+    w = parse_workload(
+        {
+            "workload": "events",
+            "release": "r1",
+            "deployment": "test",
+            "journal": pg_available,
+            "journal_schema": pg_schema,
+            "source": {"kind": "sqlite_table", "url": "sqlite:///src.db", "table": "events"},
+            "target": {
+                "kind": "postgres",
+                "url": pg_available,
+                "table": f"{pg_schema}.events",
+                "fence_schema": pg_schema,
+            },
+            "load": {"strategy": "append"},
+            "incremental": {"start": ORIGIN},
+        },
+        base_dir=tmp_path,
+    )
+    with Runner(w, environ=CRASH) as runner, pytest.raises(InjectedFault):
+        runner.run(interval=DAY1)
+    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
+    try:
+        assert journal.list_checkpoints() == []  # the rolled-back transaction promoted nothing
+    finally:
+        journal.close()
+    with Runner(w) as runner:
+        result = runner.run(interval=DAY1)
+    assert result.mode.value == "atomic"
+    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
+    try:
+        [checkpoint] = journal.list_checkpoints()
+    finally:
+        journal.close()
+    assert checkpoint.as_dict()["watermark"] == "2026-11-02T00:00:00Z"
+    assert checkpoint.operation_id == result.operation_id
