@@ -347,3 +347,37 @@ def test_atomic_mode_on_postgres_promotes_in_the_target_transaction(
         journal.close()
     assert checkpoint.as_dict()["watermark"] == "2026-11-02T00:00:00Z"
     assert checkpoint.operation_id == result.operation_id
+
+
+def test_a_replay_catches_the_watermark_up_after_a_completion_without_it(
+    tmp_path: Path,
+) -> None:
+    """COMPLETE written without the checkpoint (operator path): the next replay promotes."""
+    _sqlite_source(tmp_path / "src.db", [(1, "a", "2026-11-01 01:00:00")])
+    w = _workload(tmp_path, {"kind": "sqlite_table", "url": "sqlite:///src.db", "table": "events"})
+    with (
+        Runner(w, environ={"DPONE_FAILPOINTS": "before:fence.observe=raise"}) as runner,
+        pytest.raises(InjectedFault),
+    ):
+        runner.run(interval=DAY1)  # committed in the target, the journal says COMMITTING
+    journal = SqliteCommitJournal(tmp_path / "journal.db")
+    try:
+        [entry] = journal.list_entries()
+        assert entry.state is CommitState.COMMITTING
+        lease = journal.acquire_lease(operation_id=entry.operation_id, owner="op", ttl_seconds=5)
+        journal.compare_and_set(  # what a COMPLETE without checkpoint looks like
+            operation_id=entry.operation_id,
+            expected_version=lease.version,
+            expected_states=frozenset({CommitState.COMMITTING}),
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease.lease_epoch,
+            actor="op",
+        )
+        assert journal.list_checkpoints() == []
+    finally:
+        journal.close()
+    with Runner(w) as runner:
+        assert runner.run(interval=DAY1).replayed
+    [checkpoint] = _checkpoints(tmp_path)
+    assert checkpoint["watermark"] == "2026-11-02T00:00:00Z"
+    assert _target_ids(tmp_path) == [1]

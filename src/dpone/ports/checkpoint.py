@@ -45,6 +45,18 @@ class CheckpointStorePort(Protocol):
         """
         ...
 
+    def promote_completed(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Promote the checkpoint for an operation that is already COMPLETE.
+
+        For an operation completed without its checkpoint (an operator's recovery
+        ``complete-state``); the state is checked in the same transaction. Idempotent.
+
+        Returns:
+            False (and writes nothing) when the operation is not COMPLETE.
+
+        """
+        ...
+
     def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
         """Return the stream's checkpoint, or None before its first completion or claim."""
         ...

@@ -112,6 +112,7 @@ class CommitProtocol:
         if existing is not None:
             self._check_intent(existing, spec)
             if existing.state is S.COMPLETE:
+                self._catch_up_checkpoint(spec)
                 return self._recorded(existing, replayed=True)
             if existing.state is S.COMMIT_UNKNOWN:
                 raise self._unknown(existing)
@@ -487,6 +488,28 @@ class CommitProtocol:
             result=self._result_fields(spec, fence, tally),
             evidence={"mode": RunMode.ATOMIC.value},
         )
+
+    def _catch_up_checkpoint(self, spec: OperationSpec) -> None:
+        """A replayed COMPLETE operation whose interval the watermark has not reached yet.
+
+        Normally a no-op read. It matters when an operator completed the operation with
+        ``recovery apply`` (no checkpoint in that write): promoting now is safe, the
+        operation is COMPLETE. A failure here is secondary and never hides the result.
+        """
+        advance = spec.checkpoint
+        if advance is None:
+            return
+        try:
+            store = self._checkpoints(self._journal)
+            current = store.get_checkpoint(advance.stream_id)
+            if current is None or current.watermark < advance.end:
+                store.promote_completed(operation_id=spec.operation_id, checkpoint=advance)
+        except DponeError as secondary:
+            _log.warning(
+                "could not bring the checkpoint up to this COMPLETE operation (%s)",
+                secondary.code.value,
+                extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
+            )
 
     @staticmethod
     def _checkpoints(journal: object) -> CheckpointStorePort:

@@ -19,6 +19,7 @@ from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Tra
 from dpone.contracts.states import CommitState
 
 if TYPE_CHECKING:
+    from dpone.ports.checkpoint import CheckpointStorePort
     from dpone.ports.journal import CommitJournalPort
 
 __all__ = ["InMemoryCommitJournal"]
@@ -325,6 +326,20 @@ class InMemoryCommitJournal:
                 result=result,
                 release_lease=True,
             )
+            self._promote(checkpoint, operation_id)
+            return entry
+
+    def promote_completed(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Promote the checkpoint of an already COMPLETE operation (state checked here)."""
+        with self._lock:
+            entry = self._entries.get(operation_id)
+            if entry is None or entry.state is not CommitState.COMPLETE:
+                return False
+            self._promote(checkpoint, operation_id)
+            return True
+
+    def _promote(self, checkpoint: CheckpointAdvance, operation_id: str) -> None:
+        with self._lock:
             current = self._ensure_checkpoint(checkpoint)
             done = self._intervals.setdefault(checkpoint.stream_id, set())
             done.add((checkpoint.start, checkpoint.end))
@@ -336,7 +351,6 @@ class InMemoryCommitJournal:
             self._checkpoints[checkpoint.stream_id] = dataclasses.replace(
                 current, pending=sum(1 for start, _ in done if start > current.watermark)
             )
-            return entry
 
     def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
         """Return the stream's checkpoint, or None."""
@@ -417,4 +431,8 @@ if TYPE_CHECKING:
 
     def _conforms(journal: InMemoryCommitJournal) -> CommitJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
+        return journal
+
+    def _stores_checkpoints(journal: InMemoryCommitJournal) -> CheckpointStorePort:
+        # the same static proof for the checkpoint port
         return journal

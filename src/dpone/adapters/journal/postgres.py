@@ -29,6 +29,7 @@ from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
 
 if TYPE_CHECKING:
+    from dpone.ports.checkpoint import TransactionalCheckpointStorePort
     from dpone.ports.journal import TransactionalJournalPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
@@ -806,6 +807,22 @@ class PostgresCommitJournal:
             raise self._translate(exc, "promote the checkpoint in the target transaction") from exc
         return entry
 
+    def promote_completed(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Promote the checkpoint of an already COMPLETE operation (state checked here)."""
+        dialect = self._checkpoints()
+
+        def write(conn: _Conn) -> bool:
+            with conn.transaction(), conn.cursor() as cur:
+                row = cur.execute(self._sql.get, (operation_id,)).fetchone()
+                if row is None or _entry(row).state is not CommitState.COMPLETE:
+                    return False
+                _checkpoint_sql.promote(
+                    cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
+                )
+                return True
+
+        return self._run("promote the checkpoint", write, repeatable=True)
+
     def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
         """Return the stream's checkpoint, or None."""
         dialect = self._checkpoints()
@@ -1263,4 +1280,8 @@ if TYPE_CHECKING:
 
     def _conforms(journal: PostgresCommitJournal) -> TransactionalJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
+        return journal
+
+    def _stores_checkpoints(journal: PostgresCommitJournal) -> TransactionalCheckpointStorePort:
+        # the same static proof for the checkpoint port
         return journal

@@ -23,6 +23,7 @@ from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
 
 if TYPE_CHECKING:
+    from dpone.ports.checkpoint import TransactionalCheckpointStorePort
     from dpone.ports.journal import TransactionalJournalPort
 
 __all__ = ["LOCATOR_PREFIX", "SCHEMA_VERSION", "SqliteCommitJournal"]
@@ -653,6 +654,17 @@ class SqliteCommitJournal:
             )
         return entry
 
+    def promote_completed(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Promote the checkpoint of an already COMPLETE operation (state checked here)."""
+        with self._guard(), self._write() as cur:
+            entry = _read_entry(cur, operation_id)
+            if entry is None or entry.state is not CommitState.COMPLETE:
+                return False
+            _checkpoint_sql.promote(
+                cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
+            )
+            return True
+
     def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
         """Return the stream's checkpoint, or None."""
         if self._missing or not self._has_checkpoints():
@@ -1093,3 +1105,7 @@ def _read_only_uri(path: Path) -> str:
     """
     wal = path.with_name(path.name + "-wal")
     return f"{path.as_uri()}?mode=ro" + ("" if wal.exists() else "&immutable=1")
+
+    def _stores_checkpoints(journal: SqliteCommitJournal) -> TransactionalCheckpointStorePort:
+        # the same static proof for the checkpoint port
+        return journal
