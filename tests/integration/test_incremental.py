@@ -381,3 +381,26 @@ def test_a_replay_catches_the_watermark_up_after_a_completion_without_it(
     [checkpoint] = _checkpoints(tmp_path)
     assert checkpoint["watermark"] == "2026-11-02T00:00:00Z"
     assert _target_ids(tmp_path) == [1]
+
+
+def test_cli_run_without_interval_uses_the_checkpoint(tmp_path: Path) -> None:
+    """`dpone run WORKLOAD` with no --interval loads [watermark, next) and moves it."""
+    _sqlite_source(
+        tmp_path / "src.db", [(1, "a", "2026-11-01 01:00:00"), (2, "b", "2026-11-02 01:00:00")]
+    )
+    (tmp_path / "events.yaml").write_text(
+        "workload: events\nrelease: r1\ndeployment: test\njournal: sqlite:///journal.db\n"
+        "source: {kind: sqlite_table, url: 'sqlite:///src.db', table: events}\n"
+        "target: {kind: sqlite, url: 'sqlite:///wh.db', table: events}\n"
+        "load: {strategy: append}\n"
+        "incremental: {start: '2026-11-01T00:00:00Z', max_interval_seconds: 86400}\n",
+        encoding="utf-8",
+    )
+    cli = CliRunner()
+    for expected in ([1], [1, 2]):
+        result = cli.invoke(app, ["run", str(tmp_path / "events.yaml"), "--json", "-q"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["state"] == "COMPLETE"
+        assert _target_ids(tmp_path) == expected
+    [checkpoint] = _checkpoints(tmp_path)
+    assert checkpoint["watermark"] == "2026-11-03T00:00:00Z"
