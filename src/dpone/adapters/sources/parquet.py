@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dpone.adapters.sources._common import CHUNK_SIZE, changed_error, declared_columns
-from dpone.adapters.sources.sql import portable
+from dpone.adapters.sources.sql import portable_columns
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
 
@@ -143,10 +143,9 @@ class ParquetSource:
             parquet = self._file(handle)
             try:
                 for record_batch in parquet.iter_batches(batch_size=batch_size, columns=names):
-                    columns = [
-                        [portable(v) for v in record_batch.column(i).to_pylist()]
-                        for i in range(len(names))
-                    ]
+                    columns = portable_columns(
+                        [record_batch.column(i).to_pylist() for i in range(len(names))]
+                    )
                     yield list(zip(*columns, strict=True))
             except (pa.ArrowException, OSError) as exc:
                 raise SourceInvalid(

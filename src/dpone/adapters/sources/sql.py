@@ -24,7 +24,7 @@ from dpone.contracts.identity import Interval, digest_of
 from dpone.contracts.load import Column, ColumnType, is_identifier
 from dpone.errors import ConfigInvalid, SourceInvalid
 
-__all__ = ["SQL_SOURCE_KINDS", "SqlTableSource", "portable"]
+__all__ = ["SQL_SOURCE_KINDS", "SqlTableSource", "portable", "portable_batch", "portable_columns"]
 
 #: Source kinds this module reads, by workload ``source.kind``.
 SQL_SOURCE_KINDS = ("postgres_table", "mariadb_table", "sqlite_table")
@@ -55,6 +55,39 @@ def portable(value: object) -> object:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).hex()
     return str(value)
+
+
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+_NONE = type(None)
+
+
+def _moment_or_none(value: object) -> object:
+    return None if value is None else _utc_text(value)  # type: ignore[arg-type]
+
+
+def portable_columns(columns: list[Sequence[object]]) -> list[Sequence[object]]:
+    """Convert columns in place where needed; columns of plain scalars are not touched.
+
+    One C-level type scan per column decides; only timestamp, decimal or other columns
+    pay a Python call per value. Returns the same list.
+    """
+    for index, column in enumerate(columns):
+        kinds = set(map(type, column))
+        if kinds <= _PLAIN:
+            continue
+        convert = _moment_or_none if kinds <= {datetime, _NONE} else portable
+        columns[index] = tuple(map(convert, column))
+    return columns
+
+
+def portable_batch(rows: Sequence[Sequence[object]]) -> Batch:
+    """Convert a fetched batch of rows (see :func:`portable_columns`)."""
+    columns: list[Sequence[object]] = list(zip(*rows, strict=True))
+    before = list(columns)
+    portable_columns(columns)
+    if all(a is b for a, b in zip(before, columns, strict=True)):
+        return [tuple(row) for row in rows]
+    return list(zip(*columns, strict=True))
 
 
 def _qualified(table: str) -> list[str]:
@@ -448,4 +481,4 @@ class SqlTableSource:
                 rows: Sequence[Sequence[object]] = cur.fetchmany(batch_size)
                 if not rows:
                     break
-                yield [tuple(map(portable, row)) for row in rows]
+                yield portable_batch(rows)
