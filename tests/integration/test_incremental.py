@@ -404,3 +404,49 @@ def test_cli_run_without_interval_uses_the_checkpoint(tmp_path: Path) -> None:
         assert _target_ids(tmp_path) == expected
     [checkpoint] = _checkpoints(tmp_path)
     assert checkpoint["watermark"] == "2026-11-03T00:00:00Z"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_concurrent_completions_chain_the_watermark(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Six intervals completed at once by six threads: the watermark ends past all of them."""
+    import threading
+
+    def open_journal() -> Any:
+        if kind == "sqlite":
+            return SqliteCommitJournal(tmp_path / "j.db")
+        from dpone.adapters.journal.postgres import PostgresCommitJournal
+
+        return PostgresCommitJournal(
+            request.getfixturevalue("pg_available"), schema=request.getfixturevalue("pg_schema")
+        )
+
+    days = [f"2026-11-{d:02d}" for d in range(1, 8)]
+    open_journal().close()  # migrate once, before the race
+    errors: list[BaseException] = []
+
+    def complete(index: int) -> None:
+        journal = open_journal()
+        try:
+            _complete(
+                journal, "sha256:" + f"{index:x}" * 64, _advance(days[index], days[index + 1])
+            )
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            journal.close()
+
+    threads = [threading.Thread(target=complete, args=(i,)) for i in reversed(range(6))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    journal = open_journal()
+    try:
+        [checkpoint] = journal.list_checkpoints()
+    finally:
+        journal.close()
+    assert checkpoint.as_dict()["watermark"] == "2026-11-07T00:00:00Z"
+    assert checkpoint.pending == 0
