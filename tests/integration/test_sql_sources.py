@@ -199,3 +199,28 @@ def test_parquet_streams_record_batches_and_is_content_hashed(tmp_path: Path) ->
     _parquet(tmp_path / "events.parquet", list(range(1, 9)))
     with Runner(w) as runner, pytest.raises(IntentConflict):
         runner.run(interval=DAY1)
+
+
+def test_source_credentials_never_reach_the_journal_or_errors(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """A password in the source URL is in no journal byte and no error message."""
+    import psycopg
+
+    with psycopg.connect(pg_available, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{pg_schema}".events (id int, updated_at timestamptz)')
+        conn.execute(f"INSERT INTO \"{pg_schema}\".events VALUES (1, '2026-11-01 01:00+00')")
+    parts = urlsplit(pg_available)
+    canary = "CanaryPassw0rd"
+    user = parts.username or "postgres"
+    url = f"postgresql://{user}:{canary}@{parts.hostname}:{parts.port}{parts.path}"
+    source = {"kind": "postgres_table", "url": url, "table": f"{pg_schema}.events"}
+    with Runner(_workload(tmp_path, source)) as runner:
+        assert runner.run(interval=DAY1).rows_written == 1
+    journal_bytes = b"".join(p.read_bytes() for p in tmp_path.glob("journal.db*"))
+    assert canary.encode() not in journal_bytes
+    unreachable = {**source, "url": f"postgresql://u:{canary}@127.0.0.1:1/nope"}
+    with Runner(_workload(tmp_path, unreachable)) as runner, pytest.raises(SourceInvalid) as caught:
+        runner.run(interval=DAY1)
+    assert canary not in str(caught.value)
+    assert canary not in repr(caught.value.attrs())
