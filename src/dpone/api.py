@@ -10,6 +10,7 @@ from dpone.config.bootstrap import (
     RunContext,
     build_route,
     configure_failpoints,
+    next_interval,
     open_source,
     plan_operation,
 )
@@ -43,7 +44,7 @@ class Runner:
     def run(
         self,
         *,
-        interval: Interval | str,
+        interval: Interval | str | None = None,
         partition: str | None = None,
         context: RunContext | None = None,
         on_rows: Callable[[int], None] | None = None,
@@ -51,7 +52,9 @@ class Runner:
         """Run (or resume, or replay) one operation and return its result.
 
         Args:
-            interval: ``START/END`` (half-open, UTC) or an :class:`Interval`.
+            interval: ``START/END`` (half-open, UTC) or an :class:`Interval`. None for an
+                incremental workload: the next interval comes from its checkpoint
+                (:func:`dpone.config.bootstrap.next_interval`).
             partition: the mapped partition identity, if the workload is partitioned.
             context: logical run identity (Airflow fills it); never a try number.
             on_rows: called with the size of each batch as it is written (progress).
@@ -64,7 +67,10 @@ class Runner:
             DponeError: a typed error from :mod:`dpone.errors`; its ``code`` and
                 ``retryability`` say what to do next.
         """
-        window = parse_interval(interval) if isinstance(interval, str) else interval
+        if interval is None:
+            window = next_interval(self.workload, self._route, partition=partition)
+        else:
+            window = parse_interval(interval) if isinstance(interval, str) else interval
         source = open_source(self.workload, window, partition)
         spec = plan_operation(
             self.workload,
@@ -104,7 +110,7 @@ class Runner:
 def run_operation(
     workload: Workload | str | Path,
     *,
-    interval: Interval | str,
+    interval: Interval | str | None = None,
     partition: str | None = None,
     context: RunContext | None = None,
     on_rows: Callable[[int], None] | None = None,

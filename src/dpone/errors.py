@@ -26,6 +26,7 @@
     +-- ReceiverUnavailable          DPONE_DELIVERY_RECEIVER_UNAVAILABLE  TRANSIENT
     +-- DeliveryCapacityFull         DPONE_DELIVERY_CAPACITY_FULL         TRANSIENT
     +-- DeliveryRejected             DPONE_DELIVERY_REJECTED              TERMINAL
+    +-- AuditFailed                  DPONE_AUDIT_FAILED                   TERMINAL
 
 Errors never carry SQL text, row values, credentials or URLs: only the fields
 listed in ``SAFE_FIELDS``. They pickle (for multiprocessing and Airflow) and
@@ -39,6 +40,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "SAFE_FIELDS",
+    "AuditFailed",
     "CommitUnknown",
     "CommittedIncomplete",
     "ConfigInvalid",
@@ -95,6 +97,7 @@ class ErrorCode(str, enum.Enum):
     RECEIVER_UNAVAILABLE = "DPONE_DELIVERY_RECEIVER_UNAVAILABLE"
     DELIVERY_CAPACITY_FULL = "DPONE_DELIVERY_CAPACITY_FULL"
     DELIVERY_REJECTED = "DPONE_DELIVERY_REJECTED"
+    AUDIT_FAILED = "DPONE_AUDIT_FAILED"
 
 
 class Retryability(str, enum.Enum):
@@ -368,3 +371,27 @@ class DeliveryRejected(DponeError):
 
     code = ErrorCode.DELIVERY_REJECTED
     retryability = Retryability.TERMINAL
+
+
+class AuditFailed(DponeError):
+    """A write-audit-publish audit found violations in the staged rows; nothing was published.
+
+    ``findings`` holds counts only (never rows): the first failing audit's name and
+    violation count, how many audits failed and how many ran. The journal records them
+    with FAILED_PRE_COMMIT; the operation can be run again once the data is fixed.
+    """
+
+    code = ErrorCode.AUDIT_FAILED
+
+    def __init__(self, message: str, *, findings: dict[str, str | int], **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.findings = dict(findings)
+
+    def attrs(self) -> dict[str, Any]:
+        """The safe view, with the findings (names and counts)."""
+        return {**super().attrs(), "findings": dict(self.findings)}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        kwargs = {name: getattr(self, name) for name in SAFE_FIELDS}
+        kwargs["findings"] = self.findings
+        return (_rebuild, (type(self), self.message, kwargs))

@@ -44,10 +44,15 @@ target_commit_app = typer.Typer(
     help="Inspect, plan and apply recovery of one operation.", no_args_is_help=True
 )
 journal_app = typer.Typer(help="Read the operation journal.", no_args_is_help=True)
+checkpoints_app = typer.Typer(
+    help="Watermarks of incremental workloads (moved only by COMPLETE operations).",
+    no_args_is_help=True,
+)
 recovery_app.add_typer(target_commit_app, name="target-commit")
 app.add_typer(recovery_app, name="recovery")
 app.add_typer(journal_app, name="journal")
 app.add_typer(delivery_app, name="delivery")
+app.add_typer(checkpoints_app, name="checkpoints")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -179,7 +184,13 @@ def _emit_json(payload: object) -> None:
 @app.command()
 def run(
     workload: Annotated[Path, typer.Argument(help="Workload YAML file.", metavar="WORKLOAD")],
-    interval: Annotated[str, typer.Option(help="START/END, half-open, ISO-8601 (UTC if naive).")],
+    interval: Annotated[
+        str | None,
+        typer.Option(
+            help="START/END, half-open, ISO-8601 (UTC if naive). Omit for an incremental "
+            "workload: the next interval comes from its checkpoint."
+        ),
+    ] = None,
     partition: Annotated[str | None, typer.Option(help="Mapped partition identity.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     log_format: Annotated[LogFormat, typer.Option(help="Log line format on stderr.")] = (
@@ -337,6 +348,46 @@ def journal_list(
             "dpone recovery target-commit plan --operation-id ID -w WORKLOAD",
             markup=False,
         )
+
+
+@checkpoints_app.command("list")
+def checkpoints_list(
+    workload: WorkloadOpt = None,
+    journal: JournalOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List every incremental stream's watermark (all intervals before it are COMPLETE)."""
+    with _boundary(as_json):
+        store = _open_journal(workload, journal)
+        try:
+            lister = getattr(store, "list_checkpoints", None)
+            found = lister() if callable(lister) else []
+        finally:
+            store.close()
+    rows = [c.as_dict() for c in found]
+    if as_json:
+        _emit_json(rows)
+        return
+    headers = ("workload", "partition", "watermark", "pending", "next_interval", "stream_id")
+    lines = [
+        (
+            str(r["workload_id"]),
+            str(r["partition"]),
+            str(r["watermark"]),
+            str(r["pending_intervals"]),
+            str(r["next_interval"] or "-"),
+            str(r["stream_id"]),
+        )
+        for r in rows
+    ]
+    if not out.is_terminal:
+        for line in (headers, *lines):
+            out.print("\t".join(line), markup=False, highlight=False, soft_wrap=True)
+        return
+    table = Table(*headers)
+    for line in lines:
+        table.add_row(*_cells(*line))
+    out.print(table)
 
 
 @journal_app.command("history")

@@ -6,6 +6,7 @@ lazily so that ``import dpone`` stays light.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import dpone
+from dpone.contracts.audit import Audits, CustomAudit
+from dpone.contracts.checkpoint import CheckpointAdvance, from_micros, stream_id, to_micros
 from dpone.contracts.fence import FenceCapability
 from dpone.contracts.identity import (
     CLI_DAG_ID,
@@ -23,6 +26,7 @@ from dpone.contracts.identity import (
 )
 from dpone.contracts.load import Column, LoadPlan
 from dpone.errors import ConfigInvalid
+from dpone.ports.checkpoint import CheckpointStorePort
 from dpone.ports.connector import TargetConnectorPort
 from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
 from dpone.ports.source import SourcePort
@@ -35,10 +39,16 @@ from .workload import (
     CsvSourceConfig,
     DuckDbTargetConfig,
     JsonlAppendTargetConfig,
+    JsonlSourceConfig,
+    MariaDbTableSourceConfig,
     MariaDbTargetConfig,
+    ParquetSourceConfig,
     PluginTargetConfig,
+    PostgresTableSourceConfig,
     PostgresTargetConfig,
+    SqliteTableSourceConfig,
     SqliteTargetConfig,
+    SqlSourceConfig,
     Workload,
     resolve_file_url,
     resolve_sqlite_url,
@@ -49,6 +59,7 @@ __all__ = [
     "RunContext",
     "build_route",
     "configure_failpoints",
+    "next_interval",
     "open_journal",
     "open_source",
     "plan_operation",
@@ -230,6 +241,8 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
 
 def source_path(workload: Workload, window: Interval, partition: str | None) -> Path:
     """Resolve the source path, filling ``{partition}``, ``{start:FMT}`` and ``{end:FMT}``."""
+    if not isinstance(workload.source, CsvSourceConfig | JsonlSourceConfig | ParquetSourceConfig):
+        raise ConfigInvalid("this source has no path", field="source")
     raw = workload.source.path
     if "{partition" in raw and partition is None:
         raise ConfigInvalid(
@@ -251,7 +264,15 @@ def source_path(workload: Workload, window: Interval, partition: str | None) -> 
 def open_source(workload: Workload, window: Interval, partition: str | None) -> SourcePort:
     """Open the workload's source for one operation."""
     source = workload.source
+    if isinstance(
+        source, PostgresTableSourceConfig | MariaDbTableSourceConfig | SqliteTableSourceConfig
+    ):
+        return _sql_source(workload, source, window)
     path = source_path(workload, window, partition)
+    if isinstance(source, ParquetSourceConfig):
+        from dpone.adapters.sources.parquet import ParquetSource
+
+        return cast(SourcePort, ParquetSource(path, columns=source.columns))
     if isinstance(source, CsvSourceConfig):
         from dpone.adapters.sources.csv import CsvSource
 
@@ -259,6 +280,117 @@ def open_source(workload: Workload, window: Interval, partition: str | None) -> 
     from dpone.adapters.sources.jsonl import JsonlSource
 
     return cast(SourcePort, JsonlSource(path, columns=source.columns))
+
+
+def _sql_source(workload: Workload, source: SqlSourceConfig, window: Interval) -> SourcePort:
+    """An incremental SQL table source reading ``[window.start, window.end)`` (the cut)."""
+    url: str | Path = workload.source_url()
+    if isinstance(source, SqliteTableSourceConfig):
+        field_name = "source.url" if source.url is not None else "source.url_env"
+        url = resolve_sqlite_url(str(url), base_dir=workload.base_dir, field=field_name)
+    else:
+        extra = "postgres" if isinstance(source, PostgresTableSourceConfig) else "mysql"
+        driver = "psycopg" if extra == "postgres" else "pymysql"
+        _require_driver(driver, extra=extra)
+    from dpone.adapters.sources.sql import SqlTableSource
+
+    return cast(
+        SourcePort,
+        SqlTableSource(
+            source.kind,
+            url=url,
+            table=source.table,
+            cursor_column=source.cursor_column,
+            interval=window,
+            columns=source.columns,
+        ),
+    )
+
+
+def _require_driver(module: str, *, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigInvalid(
+            f"this source needs the {extra} extra",
+            field="source",
+            hint=f"pip install 'dpone[{extra}]'",
+        )
+
+
+def _stream(workload: Workload, route: Route, partition: str | None) -> tuple[str, str, str]:
+    """Return (stream id, partition label, target identity) of the workload's stream."""
+    target_identity = route.connector.target_identity()
+    label = partition or "-"
+    return (
+        stream_id(
+            workload_id=workload.workload,
+            deployment_id=workload.deployment,
+            partition=label,
+            target_identity=target_identity,
+        ),
+        label,
+        target_identity,
+    )
+
+
+def next_interval(workload: Workload, route: Route, *, partition: str | None = None) -> Interval:
+    """Return the next interval of an incremental workload, from its checkpoint.
+
+    ``[watermark, journal now - lag)``, at most ``max_interval_seconds`` long. The choice
+    is recorded in the journal (the stream's claim) and returned unchanged to every
+    later call until that interval is COMPLETE, so a retry after a crash loads exactly
+    the same interval, never a longer one.
+
+    Raises:
+        ConfigInvalid: the workload has no ``incremental`` block, or nothing is due yet.
+    """
+    incremental = workload.incremental
+    if incremental is None:
+        raise ConfigInvalid(
+            "no interval given and the workload is not incremental",
+            field="interval",
+            hint="pass --interval START/END, or add an incremental: block with a start",
+        )
+    store = _checkpoint_store(route.journal)
+    stream, label, target_identity = _stream(workload, route, partition)
+    origin = to_micros(incremental.start)
+    now = int(route.journal.now()) - math.ceil(incremental.lag_seconds)  # whole seconds
+    proposed = now * 1_000_000
+    current = store.get_checkpoint(stream)
+    watermark = current.watermark if current is not None else origin
+    if incremental.max_interval_seconds is not None:
+        proposed = min(proposed, watermark + int(incremental.max_interval_seconds * 1_000_000))
+    chosen = store.claim_interval(
+        stream_id=stream,
+        workload_id=workload.workload,
+        partition=label,
+        target_identity=target_identity,
+        origin=origin,
+        proposed_end=proposed,
+    )
+    if chosen is None:
+        raise ConfigInvalid(
+            f"nothing to load yet: the checkpoint is at {_moment(watermark)}, and the "
+            f"next interval may end no later than now - lag ({_moment(proposed)})",
+            field="interval",
+            hint="run again later, or pass an explicit --interval",
+        )
+    return Interval(start=from_micros(chosen[0]), end=from_micros(chosen[1]))
+
+
+def _moment(micros: int) -> str:
+    return from_micros(micros).isoformat()
+
+
+def _checkpoint_store(journal: object) -> CheckpointStorePort:
+    if not callable(getattr(journal, "claim_interval", None)):
+        raise ConfigInvalid(
+            "this journal cannot store checkpoints, which incremental workloads need",
+            field="journal",
+            hint="use the SQLite or PostgreSQL journal",
+        )
+    return cast(CheckpointStorePort, journal)
 
 
 def build_route(
@@ -306,7 +438,9 @@ def _certified(workload: Workload, connector: TargetConnectorPort) -> bool:
 
 
 def _pack_fingerprint(workload: Workload, target_identity: str) -> str:
-    source = workload.source.model_dump(mode="json", exclude={"path"})
+    # paths and URLs are not the definition (a moved file or a rotated password is not
+    # another load); the source snapshot identity names what is read
+    source = workload.source.model_dump(mode="json", exclude={"path", "url", "url_env"})
     target = {"kind": workload.target.kind, "identity": target_identity}
     return digest_of(
         {
@@ -363,6 +497,7 @@ def plan_operation(
         key=tuple(load.key),
         interval_column=load.interval_column,
         interval=window,
+        audits=_audits(workload),
     )
     source_identity = source.snapshot_identity()
     pack = _pack_fingerprint(workload, target_identity)
@@ -401,4 +536,36 @@ def plan_operation(
         source_identity=source_identity,
         batch_size=load.batch_size,
         lease_ttl_seconds=workload.lease_ttl_seconds,
+        checkpoint=_advance(workload, route, partition, window),
+    )
+
+
+def _advance(
+    workload: Workload, route: Route, partition: str | None, window: Interval
+) -> CheckpointAdvance | None:
+    """What this operation's COMPLETE promotes, for an incremental workload."""
+    if workload.incremental is None:
+        return None
+    stream, label, target_identity = _stream(workload, route, partition)
+    return CheckpointAdvance.of(
+        stream=stream,
+        workload_id=workload.workload,
+        partition=label,
+        target_identity=target_identity,
+        origin=workload.incremental.start,
+        interval=window,
+    )
+
+
+def _audits(workload: Workload) -> Audits | None:
+    """The workload's audits as a contract (not part of the intent: they publish or not)."""
+    config = workload.audits
+    if config is None:
+        return None
+    return Audits(
+        min_rows=config.min_rows,
+        max_rows=config.max_rows,
+        not_null=tuple(config.not_null),
+        unique_key=tuple(config.unique_key),
+        custom=tuple(CustomAudit(name=a.name, query=a.query) for a in config.sql),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import string
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -24,15 +25,22 @@ from dpone.contracts.load import ColumnType, LoadStrategy, is_identifier
 from dpone.errors import ConfigInvalid
 
 __all__ = [
+    "AuditsConfig",
     "CsvSourceConfig",
     "DuckDbTargetConfig",
+    "IncrementalConfig",
     "JsonlAppendTargetConfig",
     "JsonlSourceConfig",
     "LoadConfig",
+    "MariaDbTableSourceConfig",
     "MariaDbTargetConfig",
+    "ParquetSourceConfig",
     "PluginTargetConfig",
+    "PostgresTableSourceConfig",
     "PostgresTargetConfig",
     "RecoveryPolicy",
+    "SqlSourceConfig",
+    "SqliteTableSourceConfig",
     "SqliteTargetConfig",
     "Workload",
     "load_workload",
@@ -110,6 +118,137 @@ class CsvSourceConfig(_SourceConfig):
 
 class JsonlSourceConfig(_SourceConfig):
     kind: Literal["jsonl"]
+
+
+class ParquetSourceConfig(_SourceConfig):
+    kind: Literal["parquet"]
+
+
+class _SqlSourceConfig(_Model):
+    """An incremental SQL table source: rows with ``start <= cursor_column < cut``."""
+
+    url: str | None = None
+    url_env: str | None = None
+    table: str
+    cursor_column: Identifier = "updated_at"
+    columns: dict[Identifier, ColumnType] | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        return _identifier(value, qualified=True)
+
+    @field_validator("cursor_column")
+    @classmethod
+    def _cursor(cls, value: str) -> str:
+        return _identifier(value)
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
+        for name in value or {}:
+            _identifier(name)
+        return value
+
+    @model_validator(mode="after")
+    def _one_url(self) -> _SqlSourceConfig:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url or url_env")
+        return self
+
+
+class PostgresTableSourceConfig(_SqlSourceConfig):
+    kind: Literal["postgres_table"]
+
+
+class MariaDbTableSourceConfig(_SqlSourceConfig):
+    kind: Literal["mariadb_table"]
+
+
+class SqliteTableSourceConfig(_SqlSourceConfig):
+    kind: Literal["sqlite_table"]
+
+
+SqlSourceConfig = PostgresTableSourceConfig | MariaDbTableSourceConfig | SqliteTableSourceConfig
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class IncrementalConfig(_Model):
+    """Checkpointed (watermarked) loads: each COMPLETE interval moves the stream's watermark.
+
+    ``start`` is the first watermark. A run without an explicit interval loads
+    ``[watermark, now - lag_seconds)`` (at most ``max_interval_seconds`` long); the chosen
+    interval is recorded in the journal and reused by every retry until it completes.
+    """
+
+    start: datetime
+    lag_seconds: float = Field(0.0, ge=0, le=31_536_000)
+    max_interval_seconds: float | None = Field(None, gt=0)
+
+    @field_validator("start")
+    @classmethod
+    def _start(cls, value: datetime) -> datetime:
+        return _utc(value)
+
+
+class CustomAuditConfig(_Model):
+    name: Identifier
+    # a SELECT whose rows are violations; {table} stands for the target table
+    query: str = Field(min_length=1, max_length=8192)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _identifier(value)
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, value: str) -> str:
+        text = value.strip().rstrip(";").strip()
+        if not text.lower().startswith(("select", "with")) or ";" in text:
+            raise ValueError(
+                "an audit query must be one SELECT (or WITH ... SELECT) statement whose "
+                "rows are the violations; use {table} for the target table"
+            )
+        return text
+
+
+class AuditsConfig(_Model):
+    """Write-audit-publish audits, run inside the write transaction before it commits."""
+
+    min_rows: int | None = Field(None, ge=0)
+    max_rows: int | None = Field(None, ge=0)
+    not_null: list[Identifier] = Field(default_factory=list)
+    unique_key: list[Identifier] = Field(default_factory=list)
+    sql: list[CustomAuditConfig] = Field(default_factory=list)
+
+    @field_validator("not_null", "unique_key")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _identifier(name)
+        if len(set(value)) != len(value):
+            raise ValueError("column names must be distinct")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AuditsConfig:
+        if (
+            self.min_rows is not None
+            and self.max_rows is not None
+            and self.min_rows > self.max_rows
+        ):
+            raise ValueError("min_rows is larger than max_rows")
+        names = [a.name for a in self.sql]
+        if len(set(names)) != len(names):
+            raise ValueError("audit names in sql must be distinct")
+        return self
+
+
+_AUDITED_TARGETS = frozenset({"sqlite", "postgres", "mariadb", "mysql", "duckdb"})
 
 
 class SqliteTargetConfig(_Model):
@@ -274,7 +413,15 @@ class Workload(_Model):
     journal_env: str | None = None
     journal_schema: Identifier = "dpone"
     lease_ttl_seconds: float = Field(60.0, gt=0, le=86_400)
-    source: Annotated[CsvSourceConfig | JsonlSourceConfig, Field(discriminator="kind")]
+    source: Annotated[
+        CsvSourceConfig
+        | JsonlSourceConfig
+        | ParquetSourceConfig
+        | PostgresTableSourceConfig
+        | MariaDbTableSourceConfig
+        | SqliteTableSourceConfig,
+        Field(discriminator="kind"),
+    ]
     target: Annotated[
         Annotated[SqliteTargetConfig, Tag("sqlite")]
         | Annotated[PostgresTargetConfig, Tag("postgres")]
@@ -286,6 +433,8 @@ class Workload(_Model):
     ]
     load: LoadConfig
     recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
+    incremental: IncrementalConfig | None = None
+    audits: AuditsConfig | None = None
     # deployment policy: recover automatically only on a route with valid certification
     # evidence (dpone certify) for this connector, capability and target database
     require_certified: bool = False
@@ -303,6 +452,11 @@ class Workload(_Model):
             raise ValueError("give at most one of journal or journal_env")
         if self.target.kind == "jsonl_append" and self.load.strategy is not LoadStrategy.APPEND:
             raise ValueError("target kind jsonl_append supports only load.strategy append")
+        if self.audits is not None and self.target.kind not in _AUDITED_TARGETS:
+            raise ValueError(
+                f"audits run inside a SQL target's transaction; target kind {self.target.kind!r} "
+                f"has none (audited kinds: {', '.join(sorted(_AUDITED_TARGETS))})"
+            )
         return self
 
     # -------------------------------------------------------------- resolution
@@ -326,6 +480,24 @@ class Workload(_Model):
                 )
             return value
         return env.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
+
+    def source_url(self, environ: dict[str, str] | None = None) -> str:
+        """Return an SQL source's URL from ``url`` or the variable ``url_env`` names."""
+        env = os.environ if environ is None else environ
+        source = self.source
+        if not isinstance(source, _SqlSourceConfig):
+            raise ConfigInvalid("this source has no URL", field="source")
+        if source.url is not None:
+            return source.url
+        name = source.url_env or ""
+        value = env.get(name)
+        if not value:
+            raise ConfigInvalid(
+                f"source.url_env names {name}, which is not set",
+                field="source.url_env",
+                hint=f"export {name}=<the source database's URL>",
+            )
+        return value
 
     def target_url(self, environ: dict[str, str] | None = None) -> str:
         """Return the target URL from ``url`` or the variable ``url_env`` names."""
@@ -392,7 +564,20 @@ def resolve_sqlite_url(url: str, *, base_dir: Path, field: str) -> Path:
 
 
 _UNION_TAGS = frozenset(
-    {"csv", "jsonl", "sqlite", "postgres", "mariadb", "duckdb", "jsonl_append", "plugin"}
+    {
+        "csv",
+        "jsonl",
+        "parquet",
+        "postgres_table",
+        "mariadb_table",
+        "sqlite_table",
+        "sqlite",
+        "postgres",
+        "mariadb",
+        "duckdb",
+        "jsonl_append",
+        "plugin",
+    }
 )
 
 

@@ -18,6 +18,10 @@ EVIDENCE_KEYS: frozenset[str] = frozenset(
     {
         "action",
         "attestation",
+        "audit_failed",
+        "audit_violations",
+        "audits_failed",
+        "audits_run",
         "batches",
         "capability",
         "connector",

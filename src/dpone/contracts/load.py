@@ -6,6 +6,7 @@ import enum
 import re
 from dataclasses import dataclass
 
+from dpone.contracts.audit import Audits
 from dpone.contracts.identity import Interval
 
 __all__ = [
@@ -63,6 +64,8 @@ class LoadPlan:
     key: tuple[str, ...] = ()
     interval_column: str | None = None
     interval: Interval | None = None
+    #: write-audit-publish checks run inside the write transaction before it commits
+    audits: Audits | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 
+from dpone.contracts.checkpoint import CheckpointAdvance
 from dpone.contracts.fence import (
     FenceCapability,
     FenceObservation,
@@ -20,6 +22,7 @@ from dpone.contracts.states import CommitState
 from dpone.errors import (
     CommittedIncomplete,
     CommitUnknown,
+    ConfigInvalid,
     DponeError,
     FencedOut,
     IntentConflict,
@@ -28,6 +31,7 @@ from dpone.errors import (
     RecoveryConflict,
     recovery_ref,
 )
+from dpone.ports.checkpoint import CheckpointStorePort, TransactionalCheckpointStorePort
 from dpone.ports.connector import TargetConnectorPort
 from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
 from dpone.ports.source import SourcePort
@@ -53,6 +57,8 @@ class OperationSpec:
     source_identity: str
     batch_size: int = 10_000
     lease_ttl_seconds: float = 60.0
+    #: the stream watermark this operation's COMPLETE promotes (incremental workloads)
+    checkpoint: CheckpointAdvance | None = None
 
 
 class CommitProtocol:
@@ -106,6 +112,7 @@ class CommitProtocol:
         if existing is not None:
             self._check_intent(existing, spec)
             if existing.state is S.COMPLETE:
+                self._catch_up_checkpoint(spec)
                 return self._recorded(existing, replayed=True)
             if existing.state is S.COMMIT_UNKNOWN:
                 raise self._unknown(existing)
@@ -277,7 +284,7 @@ class CommitProtocol:
                 return self._complete(spec, fresh, sealed.observation, tally=None, resumed=True)
             if sealed.outcome is SealOutcome.NOT_COMMITTED:
                 back = self._cas(fresh, S.PREPARED, evidence={"outcome": "not_committed"})
-                self._cas(back, S.FAILED_PRE_COMMIT, evidence={"error_code": code})
+                self._cas(back, S.FAILED_PRE_COMMIT, evidence=_failure_evidence(primary))
         except DponeError as secondary:
             self._secondary("could not settle the failed write now; a retry will", secondary, entry)
         finally:
@@ -345,7 +352,13 @@ class CommitProtocol:
         """CAS to COMPLETE (fold from COMMITTING); fall back to TARGET_COMMITTED on failure."""
         result = self._result_fields(spec, observation, tally)
         try:
-            done = self._cas(entry, S.COMPLETE, result=result, evidence=_proof(observation))
+            done = self._cas(
+                entry,
+                S.COMPLETE,
+                result=result,
+                evidence=_proof(observation),
+                checkpoint=spec.checkpoint,
+            )
         except JournalConflict:
             current = self._journal.get(spec.operation_id)
             if current is not None and current.state is S.COMPLETE:
@@ -380,7 +393,7 @@ class CommitProtocol:
                 entry = self._cas(entry, S.TARGET_COMMITTED, evidence=_proof(observation))
             if entry.state is S.TARGET_COMMITTED:
                 try:
-                    return self._cas(entry, S.COMPLETE, result=result)
+                    return self._cas(entry, S.COMPLETE, result=result, checkpoint=spec.checkpoint)
                 except DponeError:
                     entry = self._cas(
                         entry, S.COMMITTED_INCOMPLETE, evidence={"error_code": primary.code.value}
@@ -410,6 +423,9 @@ class CommitProtocol:
         def within(txn: object) -> None:
             failpoints.hit("fence.mutate.before_commit")
             failpoints.hit("before:COMPLETE")
+            if spec.checkpoint is not None:
+                written.append(self._complete_within(txn, spec, entry, fence, tally))
+                return
             written.append(
                 journal.compare_and_set_within(
                     txn,
@@ -449,6 +465,62 @@ class CommitProtocol:
         self._ended.add((done.operation_id, done.lease_epoch))
         self._emit(done, "transition")
         return self._recorded(done, replayed=False, resumed=resumed)
+
+    def _complete_within(
+        self,
+        txn: object,
+        spec: OperationSpec,
+        entry: JournalEntry,
+        fence: FenceObservation,
+        tally: RowTally,
+    ) -> JournalEntry:
+        """Atomic COMPLETE plus the checkpoint promotion, on the target's transaction."""
+        assert spec.checkpoint is not None  # noqa: S101 - guarded by the caller
+        store = cast(TransactionalCheckpointStorePort, self._checkpoints(self._atomic))
+        return store.complete_with_checkpoint_within(
+            txn,
+            operation_id=spec.operation_id,
+            expected_version=entry.version,
+            expected_states=frozenset({entry.state}),
+            lease_epoch=entry.lease_epoch,
+            actor=self._owner,
+            checkpoint=spec.checkpoint,
+            result=self._result_fields(spec, fence, tally),
+            evidence={"mode": RunMode.ATOMIC.value},
+        )
+
+    def _catch_up_checkpoint(self, spec: OperationSpec) -> None:
+        """A replayed COMPLETE operation whose interval the watermark has not reached yet.
+
+        Normally a no-op read. It matters when an operator completed the operation with
+        ``recovery apply`` (no checkpoint in that write): promoting now is safe, the
+        operation is COMPLETE. A failure here is secondary and never hides the result.
+        """
+        advance = spec.checkpoint
+        if advance is None:
+            return
+        try:
+            store = self._checkpoints(self._journal)
+            current = store.get_checkpoint(advance.stream_id)
+            if current is None or current.watermark < advance.end:
+                store.promote_completed(operation_id=spec.operation_id, checkpoint=advance)
+        except DponeError as secondary:
+            _log.warning(
+                "could not bring the checkpoint up to this COMPLETE operation (%s)",
+                secondary.code.value,
+                extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
+            )
+
+    @staticmethod
+    def _checkpoints(journal: object) -> CheckpointStorePort:
+        """The journal as a checkpoint store, or a clear error when it cannot be one."""
+        if not callable(getattr(journal, "complete_with_checkpoint", None)):
+            raise ConfigInvalid(
+                "this journal cannot store checkpoints, which incremental workloads need",
+                field="journal",
+                hint="use the SQLite or PostgreSQL journal",
+            )
+        return cast(CheckpointStorePort, journal)
 
     # ------------------------------------------------------------------ helpers
     def _rows(self, spec: OperationSpec, tally: RowTally) -> Iterator[list[tuple[object, ...]]]:
@@ -495,20 +567,34 @@ class CommitProtocol:
         *,
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
+        checkpoint: CheckpointAdvance | None = None,
     ) -> JournalEntry:
         failpoints.hit(f"before:{next_state.value}")
         final = next_state is S.COMPLETE  # the lease ends with the operation, same write
-        new = self._journal.compare_and_set(
-            operation_id=entry.operation_id,
-            expected_version=entry.version,
-            expected_states=frozenset({entry.state}),
-            next_state=next_state,
-            lease_epoch=entry.lease_epoch,
-            actor=self._owner,
-            evidence=evidence,
-            result=result,
-            release_lease=final,
-        )
+        if final and checkpoint is not None:
+            # the watermark moves in the same journal transaction as COMPLETE
+            new = self._checkpoints(self._journal).complete_with_checkpoint(
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                expected_states=frozenset({entry.state}),
+                lease_epoch=entry.lease_epoch,
+                actor=self._owner,
+                checkpoint=checkpoint,
+                evidence=evidence,
+                result=result,
+            )
+        else:
+            new = self._journal.compare_and_set(
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                expected_states=frozenset({entry.state}),
+                next_state=next_state,
+                lease_epoch=entry.lease_epoch,
+                actor=self._owner,
+                evidence=evidence,
+                result=result,
+                release_lease=final,
+            )
         if final:
             self._ended.add((new.operation_id, new.lease_epoch))
         self._emit(new, "transition")
@@ -520,7 +606,7 @@ class CommitProtocol:
         if entry.state not in (S.PREPARING, S.PREPARED):
             return
         try:
-            self._cas(entry, S.FAILED_PRE_COMMIT, evidence={"error_code": primary.code.value})
+            self._cas(entry, S.FAILED_PRE_COMMIT, evidence=_failure_evidence(primary))
         except DponeError as secondary:
             self._secondary("could not record FAILED_PRE_COMMIT", secondary, entry)
 
@@ -646,6 +732,14 @@ class CommitProtocol:
                 }
             },
         )
+
+
+def _failure_evidence(primary: Exception) -> dict[str, object]:
+    """Why nothing was written: the error code, plus an audit's findings (counts only)."""
+    if not isinstance(primary, DponeError):
+        return {"error_code": "unexpected"}
+    findings = getattr(primary, "findings", None)
+    return {"error_code": primary.code.value, **(findings if isinstance(findings, dict) else {})}
 
 
 def _before_commit(_txn: object) -> None:

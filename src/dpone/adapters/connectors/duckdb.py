@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import duckdb
 
+from dpone.adapters.connectors._audit import audit_staged
 from dpone.adapters.connectors._plan import check_plan_shape
 from dpone.contracts.fence import (
     FenceCapability,
@@ -179,6 +180,18 @@ def _translate(
 def _q(name: str) -> str:
     """Quote an identifier; callers pass only names validated by ``is_identifier``."""
     return f'"{name}"'
+
+
+def _audit(conn: Any, plan: LoadPlan, table: _Table, rows: int, operation_id: str) -> None:
+    """Write-audit-publish: the plan's audits on this transaction, before the commit."""
+
+    def count(query: str) -> int:
+        row = conn.execute(query).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    audit_staged(
+        plan, rows=rows, count=count, table_sql=table.sql, quote=_q, operation_id=operation_id
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -661,6 +674,7 @@ class DuckDbConnector:
             else:
                 conn.execute(_create_sql(plan, table))
             count = self._load(conn, plan, table, batches, operation_id=operation_id)
+            _audit(conn, plan, table, count, operation_id)
             _fence_write(
                 conn,
                 f"UPDATE {_FENCE} SET state = 'committed', row_count = ?, "

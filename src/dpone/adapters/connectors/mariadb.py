@@ -19,6 +19,7 @@ import pymysql  # type: ignore[import-untyped]
 from pymysql.constants import SERVER_STATUS  # type: ignore[import-untyped]
 from pymysql.converters import escape_string  # type: ignore[import-untyped]
 
+from dpone.adapters.connectors._audit import audit_staged
 from dpone.contracts.fence import (
     FenceCapability,
     FenceObservation,
@@ -222,6 +223,19 @@ class _Plan:
     types: tuple[ColumnType, ...]
     key: tuple[str, ...]
     interval_column: str | None
+
+
+def _audit(cur: Any, plan: LoadPlan, table: _Table, rows: int, operation_id: str) -> None:
+    """Write-audit-publish: the plan's audits on this transaction, before the commit."""
+
+    def count(query: str) -> int:
+        cur.execute(query)
+        row = cur.fetchone()
+        return int(row[0]) if row is not None else 0
+
+    audit_staged(
+        plan, rows=rows, count=count, table_sql=table.sql, quote=_q, operation_id=operation_id
+    )
 
 
 def _validate_plan(plan: LoadPlan, *, default_database: str, fence_database: str) -> _Plan:
@@ -1003,6 +1017,7 @@ class MariaDbConnector:
                         operation_id=operation_id,
                     )
                 count = self._load(cur, checked, plan, batches, operation_id=operation_id)
+                _audit(cur, plan, checked.table, count, operation_id)
                 cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
                 if cur.rowcount != 1:  # impossible under the row lock; refuse, never guess
                     raise FencedOut(

@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from dpone.adapters._pg import describe, pg_locator, translate
+from dpone.adapters.connectors._audit import audit_staged
 from dpone.contracts.fence import (
     FenceCapability,
     FenceObservation,
@@ -150,6 +151,25 @@ class _Plan:
     types: tuple[ColumnType, ...]
     key: tuple[str, ...]
     interval_column: str | None
+
+
+def _audit(
+    cur: psycopg.Cursor[Any], plan: LoadPlan, table: _Table, rows: int, operation_id: str
+) -> None:
+    """Write-audit-publish: the plan's audits on this transaction, before the commit."""
+
+    def count(query: str) -> int:
+        row = cur.execute(query.encode()).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    audit_staged(
+        plan,
+        rows=rows,
+        count=count,
+        table_sql=f'"{table.schema}"."{table.name}"',
+        quote=lambda name: f'"{_fold(name)}"',
+        operation_id=operation_id,
+    )
 
 
 def _validate_plan(plan: LoadPlan, *, fence_schema: str) -> _Plan:
@@ -885,6 +905,7 @@ class PostgresConnector:
                 if key not in self._verified and self._prepare_table(cur, checked, plan.table):
                     self._verified.add(key)
                 count = self._load(cur, checked, plan, batches, operation_id=operation_id)
+                _audit(cur, plan, checked.table, count, operation_id)
                 cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
                 if cur.rowcount != 1:  # impossible under the row lock; refuse, never guess
                     raise FencedOut(

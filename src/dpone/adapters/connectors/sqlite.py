@@ -15,6 +15,7 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import TypeVar
 
+from dpone.adapters.connectors._audit import audit_staged
 from dpone.adapters.connectors._plan import check_plan_shape
 from dpone.contracts.fence import (
     FenceCapability,
@@ -383,6 +384,20 @@ def _insert_rows(
     return count
 
 
+def _audit(
+    conn: sqlite3.Connection, plan: LoadPlan, table: _Table, rows: int, operation_id: str
+) -> None:
+    """Write-audit-publish: the plan's audits on this transaction, before the commit."""
+    audit_staged(
+        plan,
+        rows=rows,
+        count=lambda query: int(conn.execute(query).fetchone()[0]),
+        table_sql=table.sql,
+        quote=_q,
+        operation_id=operation_id,
+    )
+
+
 def _prepare_in(
     conn: sqlite3.Connection, operation_id: str, intent_digest: str, epoch: int
 ) -> FenceObservation:
@@ -635,6 +650,7 @@ class SqliteConnector:
                 conn.execute(create_sql)
             self._apply_strategy(conn, plan, table)
             count = _insert_rows(conn, plan, table, batches, operation_id=operation_id)
+            _audit(conn, plan, table, count, operation_id)
             updated = conn.execute(
                 f'UPDATE "main"."{FENCE_TABLE}" SET state = \'committed\', row_count = ?, '
                 "content_digest = ?, committed_at = ? "

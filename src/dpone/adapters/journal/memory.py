@@ -9,10 +9,17 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from dpone.adapters.journal import _rules
+from dpone.contracts.checkpoint import (
+    Checkpoint,
+    CheckpointAdvance,
+    advance_watermark,
+    next_claim,
+)
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 
 if TYPE_CHECKING:
+    from dpone.ports.checkpoint import CheckpointStorePort
     from dpone.ports.journal import CommitJournalPort
 
 __all__ = ["InMemoryCommitJournal"]
@@ -36,6 +43,8 @@ class InMemoryCommitJournal:
         self._entries: dict[str, JournalEntry] = {}
         self._history: dict[str, list[Transition]] = {}
         self._audit: list[AuditRecord] = []
+        self._checkpoints: dict[str, Checkpoint] = {}
+        self._intervals: dict[str, set[tuple[int, int]]] = {}
 
     # ------------------------------------------------------------------ reads
     def get(self, operation_id: str) -> JournalEntry | None:
@@ -291,6 +300,122 @@ class InMemoryCommitJournal:
             self._audit.append(record)
             return record
 
+    # ------------------------------------------------------------------ checkpoints
+    def complete_with_checkpoint(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        checkpoint: CheckpointAdvance,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """CAS to COMPLETE and promote the checkpoint under one lock."""
+        with self._lock:
+            entry = self.compare_and_set(
+                operation_id=operation_id,
+                expected_version=expected_version,
+                expected_states=expected_states,
+                next_state=CommitState.COMPLETE,
+                lease_epoch=lease_epoch,
+                actor=actor,
+                evidence=evidence,
+                result=result,
+                release_lease=True,
+            )
+            self._promote(checkpoint, operation_id)
+            return entry
+
+    def promote_completed(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Promote the checkpoint of an already COMPLETE operation (state checked here)."""
+        with self._lock:
+            entry = self._entries.get(operation_id)
+            if entry is None or entry.state is not CommitState.COMPLETE:
+                return False
+            self._promote(checkpoint, operation_id)
+            return True
+
+    def _promote(self, checkpoint: CheckpointAdvance, operation_id: str) -> None:
+        with self._lock:
+            current = self._ensure_checkpoint(checkpoint)
+            done = self._intervals.setdefault(checkpoint.stream_id, set())
+            done.add((checkpoint.start, checkpoint.end))
+            moved = advance_watermark(current.watermark, done)
+            if moved != current.watermark:
+                current = dataclasses.replace(
+                    current, watermark=moved, operation_id=operation_id, updated_at=self.now()
+                )
+            self._checkpoints[checkpoint.stream_id] = dataclasses.replace(
+                current, pending=sum(1 for start, _ in done if start > current.watermark)
+            )
+
+    def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
+        """Return the stream's checkpoint, or None."""
+        with self._lock:
+            return self._checkpoints.get(stream_id)
+
+    def list_checkpoints(self) -> list[Checkpoint]:
+        """Return every stream's checkpoint."""
+        with self._lock:
+            found = list(self._checkpoints.values())
+        return sorted(found, key=lambda c: (c.workload_id, c.partition, c.stream_id))
+
+    def claim_interval(
+        self,
+        *,
+        stream_id: str,
+        workload_id: str,
+        partition: str,
+        target_identity: str,
+        origin: int,
+        proposed_end: int,
+    ) -> tuple[int, int] | None:
+        """Return and record the stream's next interval (the recorded claim is reused)."""
+        template = CheckpointAdvance(
+            stream_id=stream_id,
+            workload_id=workload_id,
+            partition=partition,
+            target_identity=target_identity,
+            origin=origin,
+            start=origin,
+            end=origin,
+        )
+        with self._lock:
+            current = self._ensure_checkpoint(template)
+            chosen = next_claim(
+                watermark=current.watermark,
+                claim_start=current.claim_start,
+                claim_end=current.claim_end,
+                proposed_end=proposed_end,
+            )
+            if chosen is not None:
+                self._checkpoints[stream_id] = dataclasses.replace(
+                    current, claim_start=chosen[0], claim_end=chosen[1]
+                )
+            return chosen
+
+    def _ensure_checkpoint(self, advance: CheckpointAdvance) -> Checkpoint:
+        found = self._checkpoints.get(advance.stream_id)
+        if found is None:
+            found = Checkpoint(
+                stream_id=advance.stream_id,
+                workload_id=advance.workload_id,
+                partition=advance.partition,
+                target_identity=advance.target_identity,
+                origin=advance.origin,
+                watermark=advance.origin,
+                operation_id=None,
+                pending=0,
+                claim_start=None,
+                claim_end=None,
+                updated_at=self.now(),
+            )
+            self._checkpoints[advance.stream_id] = found
+        return found
+
     def close(self) -> None:
         """Do nothing: there is no connection to release, and tests may read on afterwards."""
 
@@ -306,4 +431,8 @@ if TYPE_CHECKING:
 
     def _conforms(journal: InMemoryCommitJournal) -> CommitJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
+        return journal
+
+    def _stores_checkpoints(journal: InMemoryCommitJournal) -> CheckpointStorePort:
+        # the same static proof for the checkpoint port
         return journal

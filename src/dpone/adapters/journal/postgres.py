@@ -19,15 +19,17 @@ from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from dpone.adapters import _pg
-from dpone.adapters.journal import _rules
+from dpone.adapters.journal import _checkpoint_sql, _rules
 from dpone.adapters.journal._rows import audit_from_row as _audit
 from dpone.adapters.journal._rows import entry_from_row as _entry
 from dpone.adapters.journal._rows import transition_from_row as _transition
+from dpone.contracts.checkpoint import Checkpoint, CheckpointAdvance
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
 
 if TYPE_CHECKING:
+    from dpone.ports.checkpoint import TransactionalCheckpointStorePort
     from dpone.ports.journal import TransactionalJournalPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
@@ -122,6 +124,33 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ON {s}.dpone_audit FOR EACH ROW EXECUTE FUNCTION {s}.dpone_refuse_rewrite()",
         "CREATE TRIGGER dpone_audit_no_truncate BEFORE TRUNCATE "
         "ON {s}.dpone_audit FOR EACH STATEMENT EXECUTE FUNCTION {s}.dpone_refuse_rewrite()",
+    ),
+    # checkpoints of incremental streams (watermarks promoted with COMPLETE)
+    (
+        """
+        CREATE TABLE IF NOT EXISTS {s}.dpone_checkpoints (
+            stream_id       text PRIMARY KEY,
+            workload_id     text NOT NULL,
+            partition       text NOT NULL,
+            target_identity text NOT NULL,
+            origin_us       bigint NOT NULL,
+            watermark_us    bigint NOT NULL,
+            operation_id    text,
+            claim_start_us  bigint,
+            claim_end_us    bigint,
+            updated_at      float8 NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS {s}.dpone_checkpoint_intervals (
+            stream_id    text NOT NULL REFERENCES {s}.dpone_checkpoints (stream_id),
+            start_us     bigint NOT NULL,
+            end_us       bigint NOT NULL CHECK (end_us > start_us),
+            operation_id text NOT NULL,
+            completed_at float8 NOT NULL,
+            PRIMARY KEY (stream_id, start_us, end_us)
+        )
+        """,
     ),
 )
 #: The schema version this code writes and reads.
@@ -687,6 +716,161 @@ class PostgresCommitJournal:
         except psycopg.Error as exc:
             raise self._translate(exc, "write the journal state in the target transaction") from exc
 
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoints(self) -> _checkpoint_sql.Dialect:
+        return _checkpoint_sql.Dialect(
+            ph="%s", prefix='"' + self._schema + '".', lock=" FOR UPDATE"
+        )
+
+    def complete_with_checkpoint(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        checkpoint: CheckpointAdvance,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """CAS to COMPLETE and promote the checkpoint in one transaction."""
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            atomic=False,
+            audited=False,
+        )
+        query, params = self._cas_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            audit=None,
+            release_lease=True,
+        )
+        dialect = self._checkpoints()
+
+        def write(conn: _Conn) -> JournalEntry:
+            with conn.transaction(), conn.cursor() as cur:
+                entry = self._cas(cur, query, params, expected_states=expected_states)
+                _checkpoint_sql.promote(
+                    cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
+                )
+                return entry
+
+        # Never repeated: a CAS whose commit was lost in transit must not be sent again.
+        return self._run("complete and promote the checkpoint", write, repeatable=False)
+
+    def complete_with_checkpoint_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        checkpoint: CheckpointAdvance,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """``compare_and_set_within`` to COMPLETE, then promote the checkpoint on ``txn``."""
+        entry = self.compare_and_set_within(
+            txn,
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            release_lease=True,
+        )
+        assert isinstance(txn, psycopg.Connection)  # noqa: S101 - checked by the CAS above
+        try:
+            with txn.cursor(row_factory=tuple_row) as cur:
+                _checkpoint_sql.promote(
+                    cur,
+                    self._checkpoints(),
+                    checkpoint,
+                    operation_id=operation_id,
+                    at=_pg_now(cur),
+                )
+        except psycopg.Error as exc:
+            raise self._translate(exc, "promote the checkpoint in the target transaction") from exc
+        return entry
+
+    def promote_completed(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Promote the checkpoint of an already COMPLETE operation (state checked here)."""
+        dialect = self._checkpoints()
+
+        def write(conn: _Conn) -> bool:
+            with conn.transaction(), conn.cursor() as cur:
+                row = cur.execute(self._sql.get, (operation_id,)).fetchone()
+                if row is None or _entry(row).state is not CommitState.COMPLETE:
+                    return False
+                _checkpoint_sql.promote(
+                    cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
+                )
+                return True
+
+        return self._run("promote the checkpoint", write, repeatable=True)
+
+    def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
+        """Return the stream's checkpoint, or None."""
+        dialect = self._checkpoints()
+        return self._run(
+            "read a checkpoint",
+            lambda conn: _checkpoint_sql.read(conn.cursor(), dialect, stream_id),
+            repeatable=True,
+        )
+
+    def list_checkpoints(self) -> list[Checkpoint]:
+        """Return every stream's checkpoint."""
+        dialect = self._checkpoints()
+        return self._run(
+            "list checkpoints",
+            lambda conn: _checkpoint_sql.list_all(conn.cursor(), dialect),
+            repeatable=True,
+        )
+
+    def claim_interval(
+        self,
+        *,
+        stream_id: str,
+        workload_id: str,
+        partition: str,
+        target_identity: str,
+        origin: int,
+        proposed_end: int,
+    ) -> tuple[int, int] | None:
+        """Return and record the stream's next interval (the recorded claim is reused)."""
+        template = CheckpointAdvance(
+            stream_id=stream_id,
+            workload_id=workload_id,
+            partition=partition,
+            target_identity=target_identity,
+            origin=origin,
+            start=origin,
+            end=origin,
+        )
+        dialect = self._checkpoints()
+
+        def write(conn: _Conn) -> tuple[int, int] | None:
+            with conn.transaction(), conn.cursor() as cur:
+                return _checkpoint_sql.claim(
+                    cur, dialect, template, proposed_end=proposed_end, at=_pg_now(cur)
+                )
+
+        return self._run("claim the next interval", write, repeatable=True)
+
     def acquire_lease(
         self,
         *,
@@ -1074,6 +1258,11 @@ class PostgresCommitJournal:
 
 
 # ---------------------------------------------------------------------- helpers
+def _pg_now(cur: psycopg.Cursor[Any]) -> float:
+    row = cur.execute("SELECT extract(epoch FROM now())::float8").fetchone()
+    return float(row[0]) if row is not None else 0.0
+
+
 def _positive(value: float, field: str) -> float:
     number = float(value)
     if not math.isfinite(number) or number <= 0:
@@ -1091,4 +1280,8 @@ if TYPE_CHECKING:
 
     def _conforms(journal: PostgresCommitJournal) -> TransactionalJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
+        return journal
+
+    def _stores_checkpoints(journal: PostgresCommitJournal) -> TransactionalCheckpointStorePort:
+        # the same static proof for the checkpoint port
         return journal

@@ -12,16 +12,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from dpone.adapters.journal import _rules
+from dpone.adapters.journal import _checkpoint_sql, _rules
 from dpone.adapters.journal._rows import audit_from_row as _audit
 from dpone.adapters.journal._rows import entry_from_row as _entry
 from dpone.adapters.journal._rows import transition_from_row as _transition
+from dpone.contracts.checkpoint import Checkpoint, CheckpointAdvance
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
 
 if TYPE_CHECKING:
+    from dpone.ports.checkpoint import TransactionalCheckpointStorePort
     from dpone.ports.journal import TransactionalJournalPort
 
 __all__ = ["LOCATOR_PREFIX", "SCHEMA_VERSION", "SqliteCommitJournal"]
@@ -123,6 +125,33 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         CREATE TRIGGER IF NOT EXISTS dpone_audit_no_delete
         BEFORE DELETE ON dpone_audit
         BEGIN SELECT RAISE(ABORT, 'dpone_audit is append-only'); END
+        """,
+    ),
+    # checkpoints of incremental streams (watermarks promoted with COMPLETE)
+    (
+        """
+        CREATE TABLE IF NOT EXISTS dpone_checkpoints (
+            stream_id       TEXT PRIMARY KEY,
+            workload_id     TEXT NOT NULL,
+            partition       TEXT NOT NULL,
+            target_identity TEXT NOT NULL,
+            origin_us       INTEGER NOT NULL,
+            watermark_us    INTEGER NOT NULL,
+            operation_id    TEXT,
+            claim_start_us  INTEGER,
+            claim_end_us    INTEGER,
+            updated_at      REAL NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS dpone_checkpoint_intervals (
+            stream_id    TEXT NOT NULL REFERENCES dpone_checkpoints (stream_id),
+            start_us     INTEGER NOT NULL,
+            end_us       INTEGER NOT NULL CHECK (end_us > start_us),
+            operation_id TEXT NOT NULL,
+            completed_at REAL NOT NULL,
+            PRIMARY KEY (stream_id, start_us, end_us)
+        )
         """,
     ),
 )
@@ -547,6 +576,147 @@ class SqliteCommitJournal:
             _insert_audit(cur, record)
             return record
 
+    # ------------------------------------------------------------------ checkpoints
+    def complete_with_checkpoint(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        checkpoint: CheckpointAdvance,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """CAS to COMPLETE and promote the checkpoint in one ``BEGIN IMMEDIATE``."""
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            atomic=False,
+            audited=False,
+        )
+        safe_evidence = _rules.safe_values(evidence)
+        safe_result = _rules.safe_values(result) if result is not None else None
+        _rules.safe_actor(actor)
+        with self._guard(), self._write() as cur:
+            entry = _cas(
+                cur,
+                operation_id=operation_id,
+                expected_version=expected_version,
+                expected_states=expected_states,
+                next_state=CommitState.COMPLETE,
+                lease_epoch=lease_epoch,
+                actor=actor,
+                evidence=safe_evidence,
+                result=safe_result,
+                audit=None,
+                release_lease=True,
+            )
+            _checkpoint_sql.promote(
+                cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
+            )
+            return entry
+
+    def complete_with_checkpoint_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        checkpoint: CheckpointAdvance,
+        evidence: Mapping[str, object] | None = None,
+        result: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """``compare_and_set_within`` to COMPLETE, then promote the checkpoint on ``txn``."""
+        entry = self.compare_and_set_within(
+            txn,
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            release_lease=True,
+        )
+        assert isinstance(txn, sqlite3.Connection)  # noqa: S101 - checked by the CAS above
+        with self._guard():
+            cur = txn.cursor()
+            cur.row_factory = None
+            _checkpoint_sql.promote(
+                cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
+            )
+        return entry
+
+    def promote_completed(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Promote the checkpoint of an already COMPLETE operation (state checked here)."""
+        with self._guard(), self._write() as cur:
+            entry = _read_entry(cur, operation_id)
+            if entry is None or entry.state is not CommitState.COMPLETE:
+                return False
+            _checkpoint_sql.promote(
+                cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
+            )
+            return True
+
+    def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
+        """Return the stream's checkpoint, or None."""
+        if self._missing or not self._has_checkpoints():
+            return None
+        with self._guard():
+            return _checkpoint_sql.read(self._connection().cursor(), _CHECKPOINTS, stream_id)
+
+    def list_checkpoints(self) -> list[Checkpoint]:
+        """Return every stream's checkpoint."""
+        if self._missing or not self._has_checkpoints():
+            return []
+        with self._guard():
+            return _checkpoint_sql.list_all(self._connection().cursor(), _CHECKPOINTS)
+
+    def claim_interval(
+        self,
+        *,
+        stream_id: str,
+        workload_id: str,
+        partition: str,
+        target_identity: str,
+        origin: int,
+        proposed_end: int,
+    ) -> tuple[int, int] | None:
+        """Return and record the stream's next interval (the recorded claim is reused)."""
+        template = CheckpointAdvance(
+            stream_id=stream_id,
+            workload_id=workload_id,
+            partition=partition,
+            target_identity=target_identity,
+            origin=origin,
+            start=origin,
+            end=origin,
+        )
+        with self._guard(), self._write() as cur:
+            return _checkpoint_sql.claim(
+                cur, _CHECKPOINTS, template, proposed_end=proposed_end, at=_now(cur)
+            )
+
+    def _has_checkpoints(self) -> bool:
+        """False on a read-only journal written by a dpone before checkpoints existed."""
+        with self._guard():
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                    "AND name = 'dpone_checkpoints'"
+                )
+                .fetchone()
+            )
+        return row is not None
+
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Close every connection this journal opened, in any thread. Idempotent."""
@@ -778,6 +948,9 @@ class SqliteCommitJournal:
         return JournalUnavailable(f"{where} failed ({name})", hint="retry, or check the file")
 
 
+_CHECKPOINTS = _checkpoint_sql.Dialect(ph="?")
+
+
 # ---------------------------------------------------------------------- statements
 def _now(cur: sqlite3.Cursor) -> float:
     return float(cur.execute(_NOW_SQL).fetchone()[0])
@@ -932,3 +1105,7 @@ def _read_only_uri(path: Path) -> str:
     """
     wal = path.with_name(path.name + "-wal")
     return f"{path.as_uri()}?mode=ro" + ("" if wal.exists() else "&immutable=1")
+
+    def _stores_checkpoints(journal: SqliteCommitJournal) -> TransactionalCheckpointStorePort:
+        # the same static proof for the checkpoint port
+        return journal
