@@ -23,6 +23,7 @@
     +-- IllegalTransition            DPONE_JOURNAL_ILLEGAL_TRANSITION     TERMINAL
     +-- FencedOut                    DPONE_TARGET_FENCED_OUT              TRANSIENT
     +-- InjectedFault                DPONE_INJECTED_FAULT                 TRANSIENT
+    +-- RunKeyConflict               DPONE_RUN_KEY_CONFLICT               TERMINAL
 
 Errors never carry SQL text, row values, credentials or URLs: only the fields
 listed in ``SAFE_FIELDS``. They pickle (for multiprocessing and Airflow) and
@@ -54,6 +55,7 @@ __all__ = [
     "RecoveryConflict",
     "RecoveryRefused",
     "Retryability",
+    "RunKeyConflict",
     "SourceInvalid",
     "TargetSchemaMismatch",
     "TargetWriteFailed",
@@ -86,6 +88,7 @@ class ErrorCode(str, enum.Enum):
     ILLEGAL_TRANSITION = "DPONE_JOURNAL_ILLEGAL_TRANSITION"
     FENCED_OUT = "DPONE_TARGET_FENCED_OUT"
     INJECTED_FAULT = "DPONE_INJECTED_FAULT"
+    RUN_KEY_CONFLICT = "DPONE_RUN_KEY_CONFLICT"
 
 
 class Retryability(str, enum.Enum):
@@ -338,3 +341,10 @@ class InjectedFault(DponeError):
 
     code = ErrorCode.INJECTED_FAULT
     retryability = Retryability.TRANSIENT
+
+
+class RunKeyConflict(DponeError):
+    """An idempotency key already names a run of another request (operation or interval)."""
+
+    code = ErrorCode.RUN_KEY_CONFLICT
+    retryability = Retryability.TERMINAL
