@@ -34,7 +34,9 @@ def test_an_older_journal_file_gains_the_ledger_on_open(
     monkeypatch.setattr(sqlite_journal, "SCHEMA_VERSION", SCHEMA_VERSION - 1)
     old = SqliteCommitJournal(path)
     old.create_intent(
-        operation_id="sha256:" + "a" * 64, intent_digest="sha256:" + "b" * 64, metadata={},
+        operation_id="sha256:" + "a" * 64,
+        intent_digest="sha256:" + "b" * 64,
+        metadata={},
         actor="t",
     )
     old.close()

@@ -107,7 +107,9 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
                 found = conn.execute(
                     "SELECT count(*) FROM sqlite_master WHERE name = 'orders'"
                 ).fetchone()[0]
-                return int(conn.execute("SELECT count(*) FROM orders").fetchone()[0]) if found else 0
+                if not found:
+                    return 0
+                return int(conn.execute("SELECT count(*) FROM orders").fetchone()[0])
 
         yield Target(
             kind="sqlite",
@@ -246,9 +248,7 @@ def test_replay_of_a_transient_failure_is_a_new_attempt_of_the_same_run(target: 
     # another executor holds the operation's lease: the replay returns at once
     journal = target.ledger()
     try:
-        held = journal.acquire_lease(
-            operation_id=run.operation_id, owner="other:1", ttl_seconds=60
-        )
+        held = journal.acquire_lease(operation_id=run.operation_id, owner="other:1", ttl_seconds=60)
         with pytest.raises(LeaseHeld):
             target.run()
         assert _run_and_attempts(target, run_id)[0].state is RunState.FAILED  # untouched
@@ -300,8 +300,9 @@ def test_cli_runs_list_and_show_warn_about_an_unresolved_run(tmp_path: Path) -> 
     assert "warning: run run-" in listed.stderr
     assert "an operator must decide" in listed.stderr
     [entry] = json.loads(
-        run_dpone(("runs", "list", "-w", "w.yaml", "--json", "--state", "unresolved"), cwd=tmp_path)
-        .stdout
+        run_dpone(
+            ("runs", "list", "-w", "w.yaml", "--json", "--state", "unresolved"), cwd=tmp_path
+        ).stdout
     )
     assert (entry["idempotency_key"], entry["unresolved"]) == ("nightly", True)
     assert entry["provenance"]["kind"] == "cli"

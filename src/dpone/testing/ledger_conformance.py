@@ -33,7 +33,9 @@ __all__ = ["LedgerConformance", "new_start"]
 
 OWNER_A = "executor-a:101"
 OWNER_B = "executor-b:202"
-FAILED = RunError(code="DPONE_TARGET_COMMIT_FENCE_UNAVAILABLE", retryability="transient", message="x")
+FAILED = RunError(
+    code="DPONE_TARGET_COMMIT_FENCE_UNAVAILABLE", retryability="transient", message="x"
+)
 CLI = {"kind": "cli", "user": "alice", "host": "h1", "command": "dpone run w.yaml"}
 
 
@@ -152,9 +154,7 @@ class LedgerConformance:
             ledger.begin_attempt(run_id=run.run_id, attempt=2, owner=OWNER_A)  # not its owner
         assert (ledger.get_run(run.run_id), ledger.attempts(run.run_id)) == before
 
-    def test_begin_attempt_repeated_by_its_owner_is_idempotent(
-        self, ledger: RunLedgerPort
-    ) -> None:
+    def test_begin_attempt_repeated_by_its_owner_is_idempotent(self, ledger: RunLedgerPort) -> None:
         """A repeated call (a lost reply) returns the same attempt, adding nothing."""
         run, _ = ledger.begin_run(new_start())
         first = ledger.begin_attempt(run_id=run.run_id, attempt=2, owner=OWNER_A)
@@ -194,7 +194,9 @@ class LedgerConformance:
     def test_failure_before_any_lease_ends_attempt_zero(self, ledger: RunLedgerPort) -> None:
         """A run that failed before any lease (attempt 0) records the failure, no attempt row."""
         run, _ = ledger.begin_run(new_start())
-        ended = ledger.end_attempt(run_id=run.run_id, attempt=0, state=RunState.FAILED, error=FAILED)
+        ended = ledger.end_attempt(
+            run_id=run.run_id, attempt=0, state=RunState.FAILED, error=FAILED
+        )
         assert (ended.state, ended.current_attempt) == (RunState.FAILED, 0)
         assert ledger.attempts(run.run_id) == []
 
