@@ -29,7 +29,7 @@ from dpone.contracts.run import (
 from dpone.errors import LeaseLost, OperationNotFound, UnsafeValue
 from dpone.ports.ledger import RunLedgerPort
 
-__all__ = ["LedgerConformance", "new_start"]
+__all__ = ["LedgerConformance", "ledger_problems", "new_start"]
 
 OWNER_A = "executor-a:101"
 OWNER_B = "executor-b:202"
@@ -221,3 +221,36 @@ class LedgerConformance:
             t.join(30)
         assert errors == []
         assert sorted(created) == [False, False, False, True]
+
+
+def ledger_problems(ledger: RunLedgerPort, *, operation_id: str, journal_epoch: int) -> list[str]:
+    """Return how the ledger disagrees with a COMPLETE operation (empty when it tells the truth).
+
+    Truthful: one run for the operation, COMPLETE; attempt numbers strictly increase and
+    never exceed the journal's lease epoch (they are epochs); no attempt is left RUNNING;
+    exactly one attempt is COMPLETE and it is the run's current (last) one.
+    """
+    runs = [r for r in ledger.list_runs(limit=10_000) if r.operation_id == operation_id]
+    if len(runs) != 1:
+        return [f"expected one run of the operation, found {len(runs)}"]
+    [run] = runs
+    problems: list[str] = []
+    if run.state is not RunState.COMPLETE:
+        problems.append(f"run is {run.state.value}, the operation is COMPLETE")
+    attempts = ledger.attempts(run.run_id)
+    numbers = [a.attempt for a in attempts]
+    if numbers != sorted(set(numbers)):
+        problems.append(f"attempt numbers do not increase: {numbers}")
+    if run.current_attempt > journal_epoch or any(n > journal_epoch for n in numbers):
+        problems.append(f"attempt above the journal's lease epoch {journal_epoch}: {numbers}")
+    if not attempts:
+        problems.append("no attempt recorded")
+        return problems
+    if attempts[-1].attempt != run.current_attempt:
+        problems.append(f"current attempt {run.current_attempt} is not the last {numbers[-1]}")
+    states = [a.state for a in attempts]
+    if AttemptState.RUNNING in states:
+        problems.append(f"an attempt is left RUNNING: {states}")
+    if states.count(AttemptState.COMPLETE) != 1 or states[-1] is not AttemptState.COMPLETE:
+        problems.append(f"exactly the last attempt must be COMPLETE: {states}")
+    return problems
