@@ -293,7 +293,8 @@ def list_runs(
     rows = cur.execute(
         d.sql(
             f"SELECT {_run_columns(d)} FROM dpone_runs {where}"
-            "ORDER BY updated_at DESC, run_id DESC LIMIT ?"
+            # equal clock readings: SQLite lists the later-recorded run first
+            f"ORDER BY updated_at DESC, {'run_id' if d.postgres else 'rowid'} DESC LIMIT ?"
         ),
         params,
     ).fetchall()

@@ -554,7 +554,7 @@ class SqliteCommitJournal:
     # ------------------------------------------------------------------ run ledger
     def begin_run(self, start: RunStart) -> tuple[RunRecord, bool]:
         """Record the run if its idempotency key is new; else return the existing run."""
-        with self._guard(), self._write() as cur:
+        with self._guard(), self._ledger_write() as cur:
             return _ledger_sql.begin_run(cur, _LEDGER, start)
 
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -585,7 +585,7 @@ class SqliteCommitJournal:
         self, *, run_id: str, attempt: int, owner: str, provenance: SafeMapping | None = None
     ) -> AttemptRecord:
         """Record attempt ``attempt`` (the lease epoch) and make it current; refuse stale ones."""
-        with self._guard(), self._write() as cur:
+        with self._guard(), self._ledger_write() as cur:
             return _ledger_sql.begin_attempt(
                 cur, _LEDGER, run_id=run_id, attempt=attempt, owner=owner, provenance=provenance
             )
@@ -594,7 +594,7 @@ class SqliteCommitJournal:
         self, *, run_id: str, attempt: int, state: RunState, error: RunError | None = None
     ) -> RunRecord:
         """Record how the current attempt ended; refuse a stale attempt's write."""
-        with self._guard(), self._write() as cur:
+        with self._guard(), self._ledger_write() as cur:
             return _ledger_sql.end_attempt(
                 cur, _LEDGER, run_id=run_id, attempt=attempt, state=state, error=error
             )
@@ -760,6 +760,23 @@ class SqliteCommitJournal:
                 except sqlite3.Error:
                     pass  # the original error matters; SQLite rolls back on close anyway
             raise
+
+    @contextmanager
+    def _ledger_write(self) -> Iterator[sqlite3.Cursor]:
+        """A run-ledger write without its own fsync (``synchronous = NORMAL`` in WAL mode).
+
+        Still atomic, and durable across a process crash. Against power loss it becomes
+        durable with the journal's next FULL commit (one fsync of the WAL covers every
+        frame before it), and every ledger write that precedes execution is followed by
+        such a commit before the target is written. Saves one fsync per ledger write.
+        """
+        conn = self._connection()
+        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with self._write() as cur:
+                yield cur
+        finally:
+            conn.execute("PRAGMA synchronous = FULL")
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
