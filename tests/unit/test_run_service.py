@@ -84,7 +84,8 @@ def test_a_run_and_its_airflow_provenance_are_recorded_before_the_write() -> Non
         return make(record)
 
     result = RunService(ledger=journal, owner="host:1:1").run(REQUEST, spec(), spying)
-    assert seen and seen[0] is not None
+    assert seen
+    assert seen[0] is not None
     run = journal.get_run(result.run_id or "")
     assert run is not None
     assert dict(run.provenance)["try_number"] == 2
