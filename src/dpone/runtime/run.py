@@ -34,6 +34,7 @@ from dpone.contracts.run import (
     default_idempotency_key,
     run_id_for,
 )
+from dpone.contracts.states import CommitState
 from dpone.errors import (
     DponeError,
     IntentConflict,
@@ -50,6 +51,9 @@ from dpone.runtime.retry import RetryPolicy, call_with_retries
 __all__ = ["RunRequest", "RunService", "run_state_for"]
 
 _log = logging.getLogger("dpone.runtime")
+
+#: Lease entries the protocol only reports on (no work is dispatched on them).
+_NOTHING_TO_DISPATCH = frozenset({CommitState.COMPLETE, CommitState.COMMIT_UNKNOWN})
 
 #: Builds the protocol for one try; the argument records each attempt in the ledger.
 ProtocolFactory = Callable[[Callable[[JournalEntry], None]], CommitProtocol]
@@ -126,6 +130,8 @@ class RunService:
         mine: list[int] = []
 
         def record_attempt(entry: JournalEntry) -> None:
+            if entry.state in _NOTHING_TO_DISPATCH:
+                return  # the lease only finds the recorded outcome: not an attempt
             self._ledger.begin_attempt(
                 run_id=run.run_id,
                 attempt=entry.lease_epoch,
