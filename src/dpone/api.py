@@ -8,17 +8,24 @@ from types import TracebackType
 
 from dpone.config.bootstrap import (
     RunContext,
+    api_provenance,
     build_route,
     configure_failpoints,
+    ledger_of,
     next_interval,
     open_source,
     plan_operation,
+    retry_policy,
+    run_request,
 )
 from dpone.config.workload import Workload, load_workload
 from dpone.contracts.identity import Interval, parse_interval
+from dpone.contracts.journal import JournalEntry
 from dpone.contracts.result import OperationResult
+from dpone.contracts.run import Provenance
 from dpone.runtime.commit_protocol import CommitProtocol
 from dpone.runtime.executor import new_owner
+from dpone.runtime.run import RunService
 
 __all__ = ["RunContext", "Runner", "run_operation"]
 
@@ -39,6 +46,7 @@ class Runner:
     ) -> None:
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         configure_failpoints(environ)
+        self._environ = environ
         self._route = build_route(self.workload, environ=environ)
 
     def run(
@@ -48,8 +56,13 @@ class Runner:
         partition: str | None = None,
         context: RunContext | None = None,
         on_rows: Callable[[int], None] | None = None,
+        idempotency_key: str | None = None,
+        provenance: Provenance | None = None,
     ) -> OperationResult:
         """Run (or resume, or replay) one operation and return its result.
+
+        The run is recorded in the run ledger before anything executes; a replay of the
+        same idempotency key returns the existing run (docs/runs-and-retries.md).
 
         Args:
             interval: ``START/END`` (half-open, UTC) or an :class:`Interval`. None for an
@@ -58,10 +71,12 @@ class Runner:
             partition: the mapped partition identity, if the workload is partitioned.
             context: logical run identity (Airflow fills it); never a try number.
             on_rows: called with the size of each batch as it is written (progress).
+            idempotency_key: names the run; default ``op:<operation id>``.
+            provenance: who invokes (CLI, API caller, Airflow try); default an API caller.
 
         Returns:
             The COMPLETE operation's result; ``replayed`` is True when it was already
-            complete and nothing was written.
+            complete and nothing was written; ``run_id`` and ``attempt`` name the run.
 
         Raises:
             DponeError: a typed error from :mod:`dpone.errors`; its ``code`` and
@@ -80,16 +95,34 @@ class Runner:
             partition=partition,
             context=context,
         )
-        protocol = CommitProtocol(
-            journal=self._route.journal,
-            connector=self._route.connector,
-            source=source,
-            owner=new_owner(),
-            atomic_journal=self._route.atomic,
-            on_rows=on_rows,
-            auto_recover=self._route.auto_recover,
+        request = run_request(
+            self.workload,
+            self._route,
+            spec,
+            provenance=provenance or api_provenance(),
+            idempotency_key=idempotency_key,
+            environ=self._environ,
         )
-        return protocol.run(spec)
+        owner = new_owner()
+
+        def protocol(on_attempt: Callable[[JournalEntry], None]) -> CommitProtocol:
+            return CommitProtocol(
+                journal=self._route.journal,
+                connector=self._route.connector,
+                source=source,
+                owner=owner,
+                atomic_journal=self._route.atomic,
+                on_rows=on_rows,
+                auto_recover=self._route.auto_recover,
+                on_attempt=on_attempt,
+            )
+
+        service = RunService(
+            ledger=ledger_of(self._route.journal),
+            retry=retry_policy(self.workload),
+            owner=owner,
+        )
+        return service.run(request, spec, protocol)
 
     def close(self) -> None:
         """Close the journal and target connections. Idempotent."""
@@ -115,7 +148,16 @@ def run_operation(
     context: RunContext | None = None,
     on_rows: Callable[[int], None] | None = None,
     environ: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    provenance: Provenance | None = None,
 ) -> OperationResult:
     """Run (or resume, or replay) one operation of ``workload``; see :meth:`Runner.run`."""
     with Runner(workload, environ=environ) as runner:
-        return runner.run(interval=interval, partition=partition, context=context, on_rows=on_rows)
+        return runner.run(
+            interval=interval,
+            partition=partition,
+            context=context,
+            on_rows=on_rows,
+            idempotency_key=idempotency_key,
+            provenance=provenance,
+        )

@@ -27,6 +27,7 @@
     +-- DeliveryCapacityFull         DPONE_DELIVERY_CAPACITY_FULL         TRANSIENT
     +-- DeliveryRejected             DPONE_DELIVERY_REJECTED              TERMINAL
     +-- AuditFailed                  DPONE_AUDIT_FAILED                   TERMINAL
+    +-- RunKeyConflict               DPONE_RUN_KEY_CONFLICT               TERMINAL
 
 Errors never carry SQL text, row values, credentials or URLs: only the fields
 listed in ``SAFE_FIELDS``. They pickle (for multiprocessing and Airflow) and
@@ -62,6 +63,7 @@ __all__ = [
     "RecoveryConflict",
     "RecoveryRefused",
     "Retryability",
+    "RunKeyConflict",
     "SourceInvalid",
     "TargetSchemaMismatch",
     "TargetWriteFailed",
@@ -98,6 +100,7 @@ class ErrorCode(str, enum.Enum):
     DELIVERY_CAPACITY_FULL = "DPONE_DELIVERY_CAPACITY_FULL"
     DELIVERY_REJECTED = "DPONE_DELIVERY_REJECTED"
     AUDIT_FAILED = "DPONE_AUDIT_FAILED"
+    RUN_KEY_CONFLICT = "DPONE_RUN_KEY_CONFLICT"
 
 
 class Retryability(str, enum.Enum):
@@ -395,3 +398,10 @@ class AuditFailed(DponeError):
         kwargs = {name: getattr(self, name) for name in SAFE_FIELDS}
         kwargs["findings"] = self.findings
         return (_rebuild, (type(self), self.message, kwargs))
+
+
+class RunKeyConflict(DponeError):
+    """An idempotency key already names a run of another request (operation or interval)."""
+
+    code = ErrorCode.RUN_KEY_CONFLICT
+    retryability = Retryability.TERMINAL

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dpone.contracts.run import AttemptState
 from dpone.contracts.states import CommitState
 from dpone.runtime.failpoints import FAILPOINT_NAMES
 from dpone.testing.crash import (
@@ -25,6 +26,7 @@ from dpone.testing.crash import (
     start_dpone,
     write_orders_csv,
 )
+from dpone.testing.ledger_conformance import ledger_problems
 
 pytestmark = pytest.mark.crash
 
@@ -119,6 +121,11 @@ class Route:
             assert entry.result["rows_written"] == rows
             history = journal.history(entry.operation_id)
             assert check_history(history) == [], history
+            # the run ledger tells the same truth: one run, its attempts, the last COMPLETE
+            problems = ledger_problems(
+                journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
+            )
+            assert problems == [], problems
         finally:
             journal.close()
 
@@ -245,6 +252,16 @@ def test_zombie_writer_holding_the_fence_lock(
         complete = [t for t in history if t.to_state is CommitState.COMPLETE and t.kind != "lease"]
         assert complete
         assert all(t.lease_epoch > 1 for t in complete), history
+        # the ledger: A's attempt 1 was superseded by B's; A never completed the run
+        ledger = route.journal()
+        try:
+            [run] = ledger.list_runs()
+            attempts = ledger.attempts(run.run_id)
+        finally:
+            ledger.close()
+        assert (attempts[0].attempt, attempts[0].state) == (1, AttemptState.SUPERSEDED), attempts
+        assert attempts[1].attempt == 2
+        assert attempts[-1].state is AttemptState.COMPLETE
     finally:
         _drop(pg_available, schema)
         _drop(with_db(pg_available, "postgres"), schema)

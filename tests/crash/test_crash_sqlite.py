@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import sqlite3
 import subprocess
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dpone.adapters.journal.sqlite import SqliteCommitJournal
+from dpone.contracts.run import AttemptState
 from dpone.contracts.states import CommitState
 from dpone.runtime.failpoints import FAILPOINT_NAMES
 from dpone.testing.crash import (
@@ -24,6 +27,7 @@ from dpone.testing.crash import (
     start_dpone,
     write_orders_csv,
 )
+from dpone.testing.ledger_conformance import ledger_problems
 
 pytestmark = pytest.mark.crash
 
@@ -102,6 +106,11 @@ def assert_exactly_once(root: Path, mode: str, rows: int = ROWS) -> None:
         assert entry.result["rows_written"] == rows
         history = journal.history(entry.operation_id)
         assert check_history(history) == []
+        # the run ledger tells the same truth: one run, its attempts, the last one COMPLETE
+        problems = ledger_problems(
+            journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
+        )
+        assert problems == [], (problems, journal.attempts(journal.list_runs()[0].run_id))
     finally:
         journal.close()
     with closing(sqlite3.connect(root / "warehouse.db")) as db:
@@ -393,3 +402,54 @@ def test_journal_list_json_shows_the_truth_after_a_crash(tmp_path: Path) -> None
         ("journal", "list", "--journal", "sqlite:///journal.db", "--json"), cwd=tmp_path
     )
     assert [e["state"] for e in json.loads(listed.stdout)] == ["COMPLETE"]
+
+
+def _wait_for_state(root: Path, state: CommitState, timeout: float = 30) -> None:
+    """Poll (read-only peek) until the journal's one entry is in ``state``."""
+    deadline = time.monotonic() + timeout
+    path = root / "journal.db"
+    while time.monotonic() < deadline:
+        try:
+            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)) as db:
+                found = db.execute("SELECT state FROM dpone_journal").fetchall()
+        except sqlite3.Error:
+            found = []  # not created yet
+        if found == [(state.value,)]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the operation never reached {state.value}")
+
+
+def test_a_stale_attempt_is_refused_by_fence_journal_and_ledger(tmp_path: Path) -> None:
+    """A frozen attempt 1 loses its lease, attempt 2 completes; 1's late writes are refused."""
+    path = make_workload(tmp_path, "forward", rows=500)
+    path.write_text(
+        path.read_text(encoding="utf-8").replace("lease_ttl_seconds: 30", "lease_ttl_seconds: 1"),
+        encoding="utf-8",
+    )
+    a = start_dpone(RUN, cwd=tmp_path, failpoints="before:fence.mutate=sleep(2)")
+    try:
+        _wait_for_state(tmp_path, CommitState.COMMITTING)
+        os.kill(a.pid, signal.SIGSTOP)  # frozen with its lease: the heartbeat stops too
+        time.sleep(1.5)  # the lease (ttl 1 s) expires by the journal's clock
+        b = run_dpone(RUN, cwd=tmp_path)
+        assert b.returncode == 0, b.stderr  # seal at epoch 2: proven absent, written once
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    _, a_err = a.communicate(timeout=60)
+    # A's write at epoch 1 is refused by the fence; it re-reads the journal, finds B's
+    # COMPLETE and returns it; its late ledger write for attempt 1 is refused too
+    assert a.returncode == 0, a_err
+    assert "did not record the end of attempt 1 (DPONE_LEASE_LOST)" in a_err
+    assert_exactly_once(tmp_path, "forward", rows=500)
+    journal = journal_of(tmp_path, "forward")
+    try:
+        [run] = journal.list_runs()
+        attempts = [(x.attempt, x.state) for x in journal.attempts(run.run_id)]
+        [entry] = journal.list_entries()
+        history = journal.history(entry.operation_id)
+    finally:
+        journal.close()
+    assert attempts == [(1, AttemptState.SUPERSEDED), (2, AttemptState.COMPLETE)]
+    # the journal never took a state write from epoch 1 after B's lease
+    assert all(t.lease_epoch >= 2 for t in history if t.to_state is CommitState.COMPLETE)

@@ -172,7 +172,12 @@ def test_json_log_lines_one_per_transition(tmp_path: Path) -> None:
     records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     states = [r["state"] for r in records if r.get("event") == "transition"]
     assert states == ["COMMITTING", "COMPLETE"]
-    assert all(r["operation_id"].startswith("sha256:") and r["version"] for r in records)
+    journal_records = [r for r in records if "state" in r]
+    assert all(r["operation_id"].startswith("sha256:") and r["version"] for r in journal_records)
+    # the run ledger's line names the run before anything executes
+    [run] = [r for r in records if r.get("event") == "run"]
+    assert run["run_id"].startswith("run-")
+    assert run["run_state"] == "RUNNING"
 
 
 def test_atomic_mode_when_journal_is_the_target_database(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ target_commit_app = typer.Typer(
     help="Inspect, plan and apply recovery of one operation.", no_args_is_help=True
 )
 journal_app = typer.Typer(help="Read the operation journal.", no_args_is_help=True)
+runs_app = typer.Typer(help="Read the run ledger: runs and their attempts.", no_args_is_help=True)
 checkpoints_app = typer.Typer(
     help="Watermarks of incremental workloads (moved only by COMPLETE operations).",
     no_args_is_help=True,
@@ -53,6 +54,7 @@ app.add_typer(recovery_app, name="recovery")
 app.add_typer(journal_app, name="journal")
 app.add_typer(delivery_app, name="delivery")
 app.add_typer(checkpoints_app, name="checkpoints")
+app.add_typer(runs_app, name="runs")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -142,6 +144,9 @@ def _setup_logging(fmt: LogFormat, quiet: bool) -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
+    import stamina.instrumentation
+
+    stamina.instrumentation.set_on_retry_hooks([])  # dpone logs each retry itself
 
 
 # ------------------------------------------------------------------ error boundary
@@ -201,6 +206,13 @@ def run(
         typer.Option("--progress/--no-progress", help="Progress bar (default: on a TTY)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Names the run; a replay returns the existing run (default: from the "
+            "operation id)."
+        ),
+    ] = None,
 ) -> None:
     """Run one operation of WORKLOAD for an interval: write once, resume, or replay."""
     from dpone.api import run_operation
@@ -208,7 +220,14 @@ def run(
     _setup_logging(log_format, quiet)
     show = err.is_terminal if progress is None else progress
     with _boundary(as_json), _progress(show and log_format is LogFormat.text) as on_rows:
-        result = run_operation(workload, interval=interval, partition=partition, on_rows=on_rows)
+        result = run_operation(
+            workload,
+            interval=interval,
+            partition=partition,
+            on_rows=on_rows,
+            idempotency_key=idempotency_key,
+            provenance=_cli_provenance(),
+        )
     if as_json:
         _emit_json(result.summary())
         return
@@ -217,12 +236,24 @@ def run(
     )
     if result.resumed and not result.replayed:
         note = " (resumed an earlier attempt)"
+    attempt = "-" if result.attempt is None else str(result.attempt)
+    run_note = f" run={result.run_id} attempt={attempt}" if result.run_id else ""
     out.print(
         f"{result.state.value} {result.operation_id} "
         f"rows={'unknown' if result.rows_written is None else result.rows_written} "
-        f"mode={result.mode.value} version={result.journal_version}{note}",
+        f"mode={result.mode.value} version={result.journal_version}{run_note}{note}",
         markup=False,
     )
+
+
+def _cli_provenance() -> Any:
+    """Who ran this command: OS user, host and the command line (checked for secrets)."""
+    import socket
+
+    from dpone.contracts.run import CliProvenance
+
+    command = " ".join(["dpone", *sys.argv[1:]])[:500]
+    return CliProvenance(user=getpass.getuser(), host=socket.gethostname(), command=command)
 
 
 @contextmanager
@@ -461,6 +492,201 @@ def _print_history(rows: list[Any]) -> None:
             )
         )
     out.print(table)
+
+
+# ------------------------------------------------------------------ runs
+def _ledger(workload: Path | None, journal: str | None) -> tuple[Any, Any]:
+    from dpone.config.bootstrap import ledger_of
+
+    store = _open_journal(workload, journal)
+    try:
+        return store, ledger_of(store)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _run_json(run: Any) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "idempotency_key": run.idempotency_key,
+        "operation_id": run.operation_id,
+        "state": run.state.value,
+        "attempt": run.current_attempt,
+        "unresolved": run.unresolved,
+        "request_hash": run.request_hash,
+        "definition_hash": run.definition_hash,
+        "access_digest": run.access_digest,
+        "access": dict(run.access),
+        "provenance": dict(run.provenance),
+        "error": None
+        if run.error is None
+        else {
+            "code": run.error.code,
+            "retryability": run.error.retryability,
+            "message": run.error.message,
+        },
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "warning": _run_warning(run),
+    }
+
+
+def _attempt_json(a: Any) -> dict[str, Any]:
+    return {
+        "attempt": a.attempt,
+        "state": a.state.value,
+        "owner": a.owner,
+        "error_code": a.error_code,
+        "provenance": dict(a.provenance),
+        "started_at": a.started_at,
+        "ended_at": a.ended_at,
+    }
+
+
+def _run_warning(run: Any) -> str | None:
+    """The explicit warning line an unresolved run gets (None for settled runs)."""
+    from dpone.contracts.run import RunState
+
+    if run.state is RunState.UNRESOLVED:
+        code = run.error.code if run.error is not None else "unknown"
+        return (
+            f"warning: run {run.run_id} is UNRESOLVED ({code}): nothing will retry it "
+            "automatically; an operator must decide: dpone recovery target-commit plan "
+            f"--operation-id {run.operation_id} -w WORKLOAD"
+        )
+    if run.state is RunState.RUNNING:
+        return (
+            f"warning: run {run.run_id} is RUNNING at attempt {run.current_attempt}: in "
+            "flight, or interrupted; rerunning the same command resumes it safely"
+        )
+    return None
+
+
+@runs_app.command("list")
+def runs_list(
+    state: Annotated[
+        list[str] | None,
+        typer.Option("--state", help="Only this run state (repeatable).", metavar="STATE"),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 100,
+    workload: WorkloadOpt = None,
+    journal: JournalOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List runs, newest first, with a warning line for each unresolved one."""
+    from dpone.contracts.run import RunState
+
+    with _boundary(as_json):
+        try:
+            states = frozenset(RunState(s.upper()) for s in state) if state else None
+        except ValueError:
+            raise ConfigInvalid(
+                "unknown run state",
+                field="--state",
+                hint="use one of: " + ", ".join(s.value for s in RunState),
+            ) from None
+        store, ledger = _ledger(workload, journal)
+        try:
+            runs = ledger.list_runs(states=states, limit=limit)
+        finally:
+            store.close()
+    if as_json:
+        _emit_json([_run_json(r) for r in runs])
+        return
+    headers = ("run_id", "state", "attempt", "error", "operation_id", "key", "updated")
+    lines = [
+        (
+            r.run_id,
+            r.state.value,
+            str(r.current_attempt),
+            r.error.code if r.error is not None else "-",
+            r.operation_id,
+            r.idempotency_key,
+            _ts(r.updated_at),
+        )
+        for r in runs
+    ]
+    for line in (headers, *lines):
+        out.print("\t".join(line), markup=False, highlight=False, soft_wrap=True)
+    for r in runs:
+        warning = _run_warning(r)
+        if warning:
+            err.print(warning, markup=False)
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="run-… id from `dpone runs list`.", metavar="RUN")],
+    workload: WorkloadOpt = None,
+    journal: JournalOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one run: its request, provenance, attempts and operation."""
+    with _boundary(as_json):
+        if not run_id.startswith("run-") or not run_id.isprintable() or len(run_id) > 64:
+            raise ConfigInvalid(
+                "the run id is not of the form run-<hex>",
+                field="RUN",
+                hint="copy it from `dpone runs list`",
+            )
+        store, ledger = _ledger(workload, journal)
+        try:
+            run = ledger.get_run(run_id)
+            attempts = ledger.attempts(run_id) if run is not None else []
+            entry = store.get(run.operation_id) if run is not None else None
+        finally:
+            store.close()
+        if run is None:
+            raise ConfigInvalid(
+                f"no run {run_id} is recorded in this journal",
+                field="RUN",
+                hint="check --workload/--journal, or list runs with `dpone runs list`",
+            )
+    if as_json:
+        _emit_json(
+            {
+                "run": _run_json(run),
+                "attempts": [_attempt_json(a) for a in attempts],
+                "operation": None if entry is None else _entry_json(entry),
+            }
+        )
+        return
+    out.print(f"run          {run.run_id} ({run.state.value})", markup=False)
+    out.print(f"key          {run.idempotency_key}", markup=False)
+    out.print(f"operation    {run.operation_id}", markup=False)
+    if entry is not None:
+        out.print(
+            f"  journal    {entry.state.value} (version {entry.version}, lease epoch "
+            f"{entry.lease_epoch})",
+            markup=False,
+        )
+    out.print(f"definition   {run.definition_hash}", markup=False)
+    out.print(f"request      {run.request_hash}", markup=False)
+    out.print(f"access       {run.access_digest} {dict(run.access)}", markup=False)
+    origin = " ".join(f"{k}={v}" for k, v in run.provenance.items())
+    out.print(f"provenance   {origin}", markup=False)
+    if run.error is not None:
+        out.print(
+            f"error        {run.error.code} ({run.error.retryability}): {run.error.message}",
+            markup=False,
+        )
+    table = Table("attempt", "state", "error", "owner", "started", "ended")
+    for a in attempts:
+        table.add_row(
+            *_cells(
+                str(a.attempt),
+                a.state.value,
+                a.error_code or "-",
+                a.owner,
+                _ts(a.started_at),
+                _ts(a.ended_at),
+            )
+        )
+    out.print(table)
+    warning = _run_warning(run)
+    if warning:
+        err.print(warning, markup=False)
 
 
 # ------------------------------------------------------------------ recovery

@@ -25,13 +25,23 @@ from dpone.contracts.identity import (
     digest_of,
 )
 from dpone.contracts.load import Column, LoadPlan
+from dpone.contracts.run import (
+    AccessContext,
+    AirflowProvenance,
+    ApiProvenance,
+    CliProvenance,
+    Provenance,
+)
 from dpone.errors import ConfigInvalid
 from dpone.ports.checkpoint import CheckpointStorePort
 from dpone.ports.connector import TargetConnectorPort
 from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
+from dpone.ports.ledger import RunLedgerPort
 from dpone.ports.source import SourcePort
 from dpone.runtime import failpoints
 from dpone.runtime.commit_protocol import OperationSpec
+from dpone.runtime.retry import RetryPolicy
+from dpone.runtime.run import RunRequest
 
 from .evidence import EVIDENCE_DIR, load_valid_evidence
 from .workload import (
@@ -57,12 +67,16 @@ from .workload import (
 __all__ = [
     "Route",
     "RunContext",
+    "api_provenance",
     "build_route",
     "configure_failpoints",
+    "ledger_of",
     "next_interval",
     "open_journal",
     "open_source",
     "plan_operation",
+    "retry_policy",
+    "run_request",
 ]
 
 
@@ -569,3 +583,95 @@ def _audits(workload: Workload) -> Audits | None:
         unique_key=tuple(config.unique_key),
         custom=tuple(CustomAudit(name=a.name, query=a.query) for a in config.sql),
     )
+
+
+# ---------------------------------------------------------------------- runs
+_LEDGER_METHODS = ("begin_run", "get_run", "list_runs", "attempts", "begin_attempt", "end_attempt")
+
+
+def ledger_of(journal: CommitJournalPort) -> RunLedgerPort:
+    """Return the run ledger kept in ``journal``'s store (every dpone journal keeps one)."""
+    if not all(callable(getattr(journal, name, None)) for name in _LEDGER_METHODS):
+        raise ConfigInvalid(
+            "this journal keeps no run ledger",
+            field="journal",
+            hint="use a sqlite://, postgresql:// or memory:// journal",
+        )
+    return cast(RunLedgerPort, journal)
+
+
+def retry_policy(workload: Workload) -> RetryPolicy:
+    """The workload's ``retry:`` block as the runtime's policy (one try when absent)."""
+    r = workload.retry
+    return RetryPolicy(
+        attempts=r.attempts,
+        budget_seconds=r.budget_seconds,
+        wait_initial_seconds=r.wait_initial_seconds,
+        wait_max_seconds=r.wait_max_seconds,
+        wait_jitter_seconds=r.wait_jitter_seconds,
+        wait_exp_base=r.wait_exp_base,
+    )
+
+
+def _principal(provenance: Provenance, env: Mapping[str, str]) -> str:
+    if env.get("DPONE_PRINCIPAL"):
+        return env["DPONE_PRINCIPAL"]
+    if isinstance(provenance, CliProvenance):
+        return provenance.user
+    if isinstance(provenance, AirflowProvenance):
+        return f"airflow:{provenance.dag_id}"
+    return provenance.caller
+
+
+def _connection_names(workload: Workload, route: Route, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Name each connection by the variable it came from, else by its credential-free locator."""
+    if workload.journal_env is not None:
+        journal = f"journal=env:{workload.journal_env}"
+    elif workload.journal is None and env.get("DPONE_JOURNAL"):
+        journal = "journal=env:DPONE_JOURNAL"
+    else:
+        journal = f"journal={getattr(route.journal, 'locator', type(route.journal).__name__)}"
+    url_env = getattr(workload.target, "url_env", None)
+    target = f"target=env:{url_env}" if url_env else f"target={route.connector.target_identity()}"
+    return (journal, target)
+
+
+def run_request(
+    workload: Workload,
+    route: Route,
+    spec: OperationSpec,
+    *,
+    provenance: Provenance,
+    idempotency_key: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RunRequest:
+    """Describe the run of ``spec``: request and definition hashes, provenance, access."""
+    env = os.environ if environ is None else environ
+    meta = spec.metadata
+    request_hash = digest_of(
+        {
+            "operation_id": spec.operation_id,
+            "workload_id": str(meta.get("workload_id", "")),
+            "interval": str(meta.get("interval", "")),
+            "partition": str(meta.get("partition", "")),
+            "dag_id": str(meta.get("dag_id", "")),
+            "dag_run": str(meta.get("dag_run", "")),
+        }
+    )
+    return RunRequest(
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        definition_hash=str(meta["pack_fingerprint"]),
+        provenance=provenance.record(),
+        access=AccessContext(
+            principal=_principal(provenance, env),
+            connections=_connection_names(workload, route, env),
+        ),
+    )
+
+
+def api_provenance(caller: str = "python-api") -> ApiProvenance:
+    """The provenance of a library call that gave none: the caller label and the host."""
+    import socket
+
+    return ApiProvenance(caller=caller, host=socket.gethostname())

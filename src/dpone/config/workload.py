@@ -39,6 +39,7 @@ __all__ = [
     "PostgresTableSourceConfig",
     "PostgresTargetConfig",
     "RecoveryPolicy",
+    "RetryConfig",
     "SqlSourceConfig",
     "SqliteTableSourceConfig",
     "SqliteTargetConfig",
@@ -403,6 +404,17 @@ class RecoveryPolicy(_Model):
     authorized_principals: list[str] = Field(default_factory=list)
 
 
+class RetryConfig(_Model):
+    """Retries of transient failures inside one run (docs/runs-and-retries.md); off by default."""
+
+    attempts: int = Field(default=1, ge=1, le=100)
+    budget_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    wait_initial_seconds: float = Field(default=0.5, ge=0, le=3_600)
+    wait_max_seconds: float = Field(default=10.0, ge=0, le=3_600)
+    wait_jitter_seconds: float = Field(default=0.5, ge=0, le=3_600)
+    wait_exp_base: float = Field(default=2.0, ge=1, le=10)
+
+
 class Workload(_Model):
     """A validated workload file. ``base_dir`` anchors relative paths and URLs."""
 
@@ -435,6 +447,7 @@ class Workload(_Model):
     recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
     incremental: IncrementalConfig | None = None
     audits: AuditsConfig | None = None
+    retry: RetryConfig = RetryConfig()  # frozen: one shared default is safe
     # deployment policy: recover automatically only on a route with valid certification
     # evidence (dpone certify) for this connector, capability and target database
     require_certified: bool = False

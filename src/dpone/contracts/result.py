@@ -30,6 +30,8 @@ class OperationResult:
     replayed: bool  # True: already COMPLETE before this call; nothing was written
     resumed: bool  # True: this call finished work an earlier attempt started
     lease_epoch: int
+    run_id: str | None = None  # the run ledger's run (None outside a recorded run)
+    attempt: int | None = None  # the run's attempt that produced this result (a lease epoch)
 
     def summary(self) -> dict[str, object]:
         """Return a safe, JSON-ready summary (no rows, no SQL, no secrets)."""
@@ -43,4 +45,6 @@ class OperationResult:
             "replayed": self.replayed,
             "resumed": self.resumed,
             "lease_epoch": self.lease_epoch,
+            "run_id": self.run_id,
+            "attempt": self.attempt,
         }

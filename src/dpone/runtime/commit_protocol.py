@@ -78,6 +78,7 @@ class CommitProtocol:
         atomic_journal: TransactionalJournalPort | None = None,
         on_rows: Callable[[int], None] | None = None,
         auto_recover: bool = True,
+        on_attempt: Callable[[JournalEntry], None] | None = None,
     ) -> None:
         self._journal = journal
         self._connector = connector
@@ -89,6 +90,9 @@ class CommitProtocol:
         # an unproven write is never settled automatically (it becomes COMMIT_UNKNOWN)
         self._auto_recover = auto_recover and connector.capability is not FenceCapability.NONE
         self._ended: set[tuple[str, int]] = set()  # (operation, epoch) leases ended by COMPLETE
+        # called with the entry each lease returned, before anything is dispatched on it:
+        # the run ledger records the attempt (its number is the lease epoch) there
+        self._on_attempt = on_attempt
 
     @property
     def mode(self) -> RunMode:
@@ -171,6 +175,8 @@ class CommitProtocol:
             )
             self._emit(entry, "lease")
         try:
+            if self._on_attempt is not None:
+                self._on_attempt(entry)
             with LeaseKeeper(
                 self._journal,
                 operation_id=spec.operation_id,

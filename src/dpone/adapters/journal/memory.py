@@ -8,19 +8,30 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from dpone.adapters.journal import _rules
+from dpone.adapters.journal import _ledger_sql, _rules
 from dpone.contracts.checkpoint import (
     Checkpoint,
     CheckpointAdvance,
     advance_watermark,
     next_claim,
 )
+from dpone.contracts.evidence import SafeMapping, safe_mapping
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
+from dpone.contracts.run import (
+    PROVENANCE_KEYS,
+    AttemptRecord,
+    AttemptState,
+    RunError,
+    RunRecord,
+    RunStart,
+    RunState,
+)
 from dpone.contracts.states import CommitState
 
 if TYPE_CHECKING:
     from dpone.ports.checkpoint import CheckpointStorePort
     from dpone.ports.journal import CommitJournalPort
+    from dpone.ports.ledger import RunLedgerPort
 
 __all__ = ["InMemoryCommitJournal"]
 
@@ -45,6 +56,8 @@ class InMemoryCommitJournal:
         self._audit: list[AuditRecord] = []
         self._checkpoints: dict[str, Checkpoint] = {}
         self._intervals: dict[str, set[tuple[int, int]]] = {}
+        self._runs: dict[str, RunRecord] = {}
+        self._attempts: dict[str, dict[int, AttemptRecord]] = {}
 
     # ------------------------------------------------------------------ reads
     def get(self, operation_id: str) -> JournalEntry | None:
@@ -416,10 +429,128 @@ class InMemoryCommitJournal:
             self._checkpoints[advance.stream_id] = found
         return found
 
+    # ------------------------------------------------------------------ run ledger
+    def begin_run(self, start: RunStart) -> tuple[RunRecord, bool]:
+        """Record the run if its idempotency key is new; else return the existing run."""
+        _ledger_sql.check_start(start)
+        with self._lock:
+            for run in self._runs.values():
+                if run.idempotency_key == start.idempotency_key:
+                    return run, False
+            now = self.now()
+            run = RunRecord(
+                run_id=start.run_id,
+                idempotency_key=start.idempotency_key,
+                operation_id=start.operation_id,
+                request_hash=start.request_hash,
+                definition_hash=start.definition_hash,
+                access_digest=start.access_digest,
+                access=start.access,
+                provenance=start.provenance,
+                state=RunState.RUNNING,
+                current_attempt=0,
+                error=None,
+                created_at=now,
+                updated_at=now,
+            )
+            self._runs[run.run_id] = run
+            self._attempts[run.run_id] = {}
+            return run, True
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """Return one run or None."""
+        with self._lock:
+            return self._runs.get(run_id)
+
+    def list_runs(
+        self, *, states: frozenset[RunState] | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """Return runs, newest update first."""
+        with self._lock:
+            found = [
+                (run.updated_at, order, run)
+                for order, run in enumerate(self._runs.values())
+                if states is None or run.state in states
+            ]
+        found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        return [run for _, _, run in found[: max(limit, 0)]]
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        """Return a run's attempts in order."""
+        with self._lock:
+            rows = self._attempts.get(run_id, {})
+            return [rows[n] for n in sorted(rows)]
+
+    def begin_attempt(
+        self, *, run_id: str, attempt: int, owner: str, provenance: SafeMapping | None = None
+    ) -> AttemptRecord:
+        """Record attempt ``attempt`` (the lease epoch) and make it current; refuse stale ones."""
+        _rules.safe_actor(owner)
+        origin = safe_mapping(provenance, allowed=PROVENANCE_KEYS)
+        if int(attempt) < 1:
+            raise ValueError("an attempt number is a lease epoch, at least 1")
+        with self._lock:
+            run = self._require_run(run_id)
+            rows = self._attempts[run_id]
+            if attempt <= run.current_attempt:
+                same = rows.get(attempt)
+                if attempt == run.current_attempt and same is not None and same.owner == owner:
+                    return same
+                raise _ledger_sql.stale_attempt(run_id, attempt, run.current_attempt)
+            now = self.now()
+            for number, row in list(rows.items()):
+                if row.state is AttemptState.RUNNING:
+                    rows[number] = dataclasses.replace(
+                        row, state=AttemptState.SUPERSEDED, ended_at=now
+                    )
+            rows[attempt] = AttemptRecord(
+                run_id=run_id,
+                attempt=attempt,
+                owner=owner,
+                provenance=origin,
+                state=AttemptState.RUNNING,
+                error_code=None,
+                started_at=now,
+                ended_at=None,
+            )
+            self._runs[run_id] = dataclasses.replace(
+                run, current_attempt=attempt, state=RunState.RUNNING, error=None, updated_at=now
+            )
+            return rows[attempt]
+
+    def end_attempt(
+        self, *, run_id: str, attempt: int, state: RunState, error: RunError | None = None
+    ) -> RunRecord:
+        """Record how the current attempt ended; refuse a stale attempt's write."""
+        if state is RunState.RUNNING:
+            raise ValueError("an attempt ends in COMPLETE, FAILED or UNRESOLVED, not RUNNING")
+        with self._lock:
+            run = self._require_run(run_id)
+            if attempt != run.current_attempt:
+                raise _ledger_sql.stale_attempt(run_id, attempt, run.current_attempt)
+            now = self.now()
+            row = self._attempts[run_id].get(attempt)
+            if row is not None and row.state is AttemptState.RUNNING:
+                self._attempts[run_id][attempt] = dataclasses.replace(
+                    row,
+                    state=_ledger_sql.attempt_state(state),
+                    error_code=None if error is None else error.code,
+                    ended_at=now,
+                )
+            run = dataclasses.replace(run, state=state, error=error, updated_at=now)
+            self._runs[run_id] = run
+            return run
+
     def close(self) -> None:
         """Do nothing: there is no connection to release, and tests may read on afterwards."""
 
     # ------------------------------------------------------------------ helpers
+    def _require_run(self, run_id: str) -> RunRecord:
+        run = self._runs.get(run_id)
+        if run is None:
+            raise _ledger_sql.run_not_found(run_id)
+        return run
+
     def _require(self, operation_id: str) -> JournalEntry:
         entry = self._entries.get(operation_id)
         if entry is None:
@@ -435,4 +566,7 @@ if TYPE_CHECKING:
 
     def _stores_checkpoints(journal: InMemoryCommitJournal) -> CheckpointStorePort:
         # the same static proof for the checkpoint port
+        return journal
+
+    def _keeps_runs(journal: InMemoryCommitJournal) -> RunLedgerPort:
         return journal

@@ -19,18 +19,21 @@ from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from dpone.adapters import _pg
-from dpone.adapters.journal import _checkpoint_sql, _rules
+from dpone.adapters.journal import _checkpoint_sql, _ledger_sql, _rules
 from dpone.adapters.journal._rows import audit_from_row as _audit
 from dpone.adapters.journal._rows import entry_from_row as _entry
 from dpone.adapters.journal._rows import transition_from_row as _transition
 from dpone.contracts.checkpoint import Checkpoint, CheckpointAdvance
+from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
+from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, RunState
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
 
 if TYPE_CHECKING:
     from dpone.ports.checkpoint import TransactionalCheckpointStorePort
     from dpone.ports.journal import TransactionalJournalPort
+    from dpone.ports.ledger import RunLedgerPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
 
@@ -152,6 +155,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
+    # the run ledger: runs and their attempts (docs/runs-and-retries.md)
+    _ledger_sql.POSTGRES_MIGRATION,
 )
 #: The schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -985,6 +990,64 @@ class PostgresCommitJournal:
             at=float(row[0]),
         )
 
+    # ------------------------------------------------------------------ run ledger
+    def begin_run(self, start: RunStart) -> tuple[RunRecord, bool]:
+        """Record the run if its idempotency key is new; else return the existing run."""
+        # repeatable: inserting a key that exists returns the existing run
+        return self._ledger("record the run", lambda d, c: _ledger_sql.begin_run(c, d, start))
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """Return one run or None."""
+        return self._ledger("read a run", lambda d, c: _ledger_sql.get_run(c, d, run_id))
+
+    def list_runs(
+        self, *, states: frozenset[RunState] | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """Return runs, newest update first."""
+        return self._ledger(
+            "list runs", lambda d, c: _ledger_sql.list_runs(c, d, states=states, limit=limit)
+        )
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        """Return a run's attempts in order."""
+        return self._ledger(
+            "read a run's attempts", lambda d, c: _ledger_sql.list_attempts(c, d, run_id)
+        )
+
+    def begin_attempt(
+        self, *, run_id: str, attempt: int, owner: str, provenance: SafeMapping | None = None
+    ) -> AttemptRecord:
+        """Record attempt ``attempt`` (the lease epoch) and make it current; refuse stale ones."""
+        return self._ledger(
+            "record the attempt",
+            lambda d, c: _ledger_sql.begin_attempt(
+                c, d, run_id=run_id, attempt=attempt, owner=owner, provenance=provenance
+            ),
+        )
+
+    def end_attempt(
+        self, *, run_id: str, attempt: int, state: RunState, error: RunError | None = None
+    ) -> RunRecord:
+        """Record how the current attempt ended; refuse a stale attempt's write."""
+        return self._ledger(
+            "record the end of the attempt",
+            lambda d, c: _ledger_sql.end_attempt(
+                c, d, run_id=run_id, attempt=attempt, state=state, error=error
+            ),
+        )
+
+    def _ledger(self, action: str, work: Callable[[_ledger_sql.LedgerDialect, _Conn], _T]) -> _T:
+        """Run ledger statements in one transaction; every ledger write is repeatable."""
+        dialect = _ledger_sql.LedgerDialect(
+            placeholder="%s", prefix=f'"{self._schema}".', now="now()", postgres=True
+        )
+
+        def in_transaction(conn: _Conn) -> _T:
+            with conn.transaction():
+                return work(dialect, conn)
+
+        return self._run(action, in_transaction, repeatable=True)
+
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Close the connection pool. Idempotent; a forked child leaves the parent's alone."""
@@ -1284,4 +1347,7 @@ if TYPE_CHECKING:
 
     def _stores_checkpoints(journal: PostgresCommitJournal) -> TransactionalCheckpointStorePort:
         # the same static proof for the checkpoint port
+        return journal
+
+    def _keeps_runs(journal: PostgresCommitJournal) -> RunLedgerPort:
         return journal

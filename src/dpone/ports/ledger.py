@@ -1,0 +1,79 @@
+"""The run ledger port: runs, their attempts, and the idempotency key that names a run."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from dpone.contracts.evidence import SafeMapping
+from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, RunState
+
+__all__ = ["RunLedgerPort"]
+
+
+class RunLedgerPort(Protocol):
+    """Durable record of every run and attempt, kept in the journal's store.
+
+    Every adapter passes ``dpone.testing.ledger_conformance``. Raw driver errors never
+    escape: an unreachable or locked store raises ``JournalUnavailable``.
+    """
+
+    def begin_run(self, start: RunStart) -> tuple[RunRecord, bool]:
+        """Record a run in RUNNING if its idempotency key is new; else return the existing run.
+
+        Returns:
+            ``(run, created)``: ``created`` is False when the key was already recorded;
+            the existing run is returned unchanged (never overwritten).
+
+        Raises:
+            UnsafeValue: provenance or access hold a secret-looking value.
+
+        """
+        ...
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """Return the run or None."""
+        ...
+
+    def list_runs(
+        self, *, states: frozenset[RunState] | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """Return runs, newest update first, optionally only in ``states``."""
+        ...
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        """Return the run's attempts in attempt order."""
+        ...
+
+    def begin_attempt(
+        self, *, run_id: str, attempt: int, owner: str, provenance: SafeMapping | None = None
+    ) -> AttemptRecord:
+        """Record attempt ``attempt`` (the lease epoch) as RUNNING and make it current.
+
+        Idempotent for the same owner: recording the current attempt again returns it.
+
+        Older attempts still RUNNING become SUPERSEDED in the same write; the run goes
+        back to RUNNING and its error is cleared.
+
+        Raises:
+            LeaseLost: ``attempt`` is not above the run's current attempt (a stale
+                attempt: its late write is refused and nothing changes).
+            OperationNotFound: no run has this id.
+
+        """
+        ...
+
+    def end_attempt(
+        self, *, run_id: str, attempt: int, state: RunState, error: RunError | None = None
+    ) -> RunRecord:
+        """Record how the run's current attempt ended (``attempt`` 0: before any lease).
+
+        The attempt's own row is updated only while it is RUNNING; the run's state and
+        error only while ``attempt`` is still the run's current attempt.
+
+        Raises:
+            LeaseLost: a newer attempt is current (the stale write is refused; nothing
+                changes).
+            OperationNotFound: no run has this id.
+
+        """
+        ...

@@ -1,0 +1,207 @@
+"""One ``dpone run``: the run ledger around the commit protocol, with retries.
+
+Before anything executes the run is recorded (idempotency key, run id, pinned
+definition hash, canonical request hash, provenance, access-context digest); each
+lease the protocol takes is recorded as an attempt whose number is the lease epoch,
+before anything is dispatched on it. A replay of a key returns the existing run:
+
+- COMPLETE: the recorded result (the protocol replays it: no lease, no write);
+- RUNNING: in flight elsewhere -> ``LeaseHeld`` (nothing done); interrupted -> a new
+  attempt resumes it (the fence proves what was written; never a second write);
+- UNRESOLVED (COMMIT_UNKNOWN, recovery or intent conflict): the protocol stops again
+  with the same error and writes nothing (after an operator's recovery it finishes);
+- FAILED, transient: a new attempt of the same run;
+- FAILED, terminal: a new attempt of the same run (nothing was written; it writes once
+  when the cause is fixed, and fails the same way while it is not).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dpone.contracts.evidence import SafeMapping
+from dpone.contracts.journal import JournalEntry
+from dpone.contracts.result import OperationResult
+from dpone.contracts.run import (
+    AccessContext,
+    RunError,
+    RunRecord,
+    RunStart,
+    RunState,
+    check_idempotency_key,
+    default_idempotency_key,
+    run_id_for,
+)
+from dpone.contracts.states import CommitState
+from dpone.errors import (
+    DponeError,
+    IntentConflict,
+    LeaseHeld,
+    Retryability,
+    RunKeyConflict,
+    recovery_ref,
+)
+from dpone.ports.ledger import RunLedgerPort
+from dpone.runtime.commit_protocol import CommitProtocol, OperationSpec
+from dpone.runtime.retry import RetryPolicy, call_with_retries
+
+__all__ = ["RunRequest", "RunService", "run_state_for"]
+
+_log = logging.getLogger("dpone.runtime")
+
+#: Lease entries the protocol only reports on (no work is dispatched on them).
+_NOTHING_TO_DISPATCH = frozenset({CommitState.COMPLETE, CommitState.COMMIT_UNKNOWN})
+
+#: Builds the protocol for one try; the argument records each attempt in the ledger.
+ProtocolFactory = Callable[[Callable[[JournalEntry], None]], CommitProtocol]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRequest:
+    """What the caller asks for, beyond the operation: how the run is named and by whom."""
+
+    request_hash: str
+    definition_hash: str
+    provenance: SafeMapping
+    access: AccessContext
+    idempotency_key: str | None = None  # None: derived from the operation id
+
+
+def run_state_for(exc: BaseException) -> RunState:
+    """The run state an error leaves: STOP errors need an operator, others are failures."""
+    if isinstance(exc, DponeError) and exc.retryability is Retryability.STOP:
+        return RunState.UNRESOLVED
+    return RunState.FAILED
+
+
+class RunService:
+    """Records runs and attempts in the ledger and drives the protocol under a retry policy."""
+
+    def __init__(
+        self, *, ledger: RunLedgerPort, retry: RetryPolicy | None = None, owner: str
+    ) -> None:
+        self._ledger = ledger
+        self._retry = retry or RetryPolicy()
+        self._owner = owner
+
+    def run(
+        self, request: RunRequest, spec: OperationSpec, make_protocol: ProtocolFactory
+    ) -> OperationResult:
+        """Run, resume or replay the run ``request`` names; see the module docstring.
+
+        Raises:
+            RunKeyConflict: the key already names a run of another request.
+            IntentConflict: the key's run pinned another workload definition.
+            DponeError: the protocol's error.
+
+        """
+        key = check_idempotency_key(
+            request.idempotency_key or default_idempotency_key(spec.operation_id)
+        )
+        start = RunStart(
+            run_id=run_id_for(key),
+            idempotency_key=key,
+            operation_id=spec.operation_id,
+            request_hash=request.request_hash,
+            definition_hash=request.definition_hash,
+            access_digest=request.access.digest(),
+            access=request.access.record(),
+            provenance=request.provenance,
+        )
+        return call_with_retries(
+            lambda: self._once(start, request, spec, make_protocol), policy=self._retry
+        )
+
+    # ------------------------------------------------------------------ one try
+    def _once(
+        self,
+        start: RunStart,
+        request: RunRequest,
+        spec: OperationSpec,
+        make_protocol: ProtocolFactory,
+    ) -> OperationResult:
+        run, created = self._ledger.begin_run(start)
+        self._emit(run, "run" if created else "replay")
+        if not created:
+            _check_replay(run, start)
+        mine: list[int] = []
+
+        def record_attempt(entry: JournalEntry) -> None:
+            if entry.state in _NOTHING_TO_DISPATCH:
+                return  # the lease only finds the recorded outcome: not an attempt
+            self._ledger.begin_attempt(
+                run_id=run.run_id,
+                attempt=entry.lease_epoch,
+                owner=self._owner,
+                provenance=request.provenance,
+            )
+            mine.append(entry.lease_epoch)
+
+        try:
+            result = make_protocol(record_attempt).run(spec)
+        except LeaseHeld as exc:
+            # in flight in another process: that attempt owns the run; record nothing
+            exc.hint = exc.hint or f"run {run.run_id} is in flight; rerun later to see it"
+            raise
+        except Exception as exc:
+            self._end(run, mine, run_state_for(exc), RunError.of(exc))
+            raise
+        attempt = self._end(run, mine, RunState.COMPLETE, None)
+        return dataclasses.replace(result, run_id=run.run_id, attempt=attempt or None)
+
+    def _end(self, run: RunRecord, mine: list[int], state: RunState, error: RunError | None) -> int:
+        """Record how this try ended; a ledger failure never replaces the primary outcome."""
+        attempt = mine[-1] if mine else run.current_attempt
+        if not mine and run.state is state and run.error == error:
+            return attempt  # a replay that learned nothing new: nothing to write
+        try:
+            self._ledger.end_attempt(run_id=run.run_id, attempt=attempt, state=state, error=error)
+        except DponeError as secondary:
+            _log.warning(
+                "the run ledger did not record the end of attempt %d (%s)",
+                attempt,
+                secondary.code.value,
+                extra={"dpone": {"event": "secondary", "run_id": run.run_id}},
+            )
+        return attempt
+
+    def _emit(self, run: RunRecord, event: str) -> None:
+        _log.info(
+            "%s %s attempt %d (%s)",
+            event,
+            run.run_id,
+            run.current_attempt,
+            run.state.value,
+            extra={
+                "dpone": {
+                    "event": event,
+                    "run_id": run.run_id,
+                    "operation_id": run.operation_id,
+                    "run_state": run.state.value,
+                    "attempt": run.current_attempt,
+                }
+            },
+        )
+
+
+def _check_replay(run: RunRecord, start: RunStart) -> None:
+    """Refuse a key reused for another request or with another workload definition."""
+    if run.request_hash != start.request_hash or run.operation_id != start.operation_id:
+        raise RunKeyConflict(
+            f"the idempotency key already names run {run.run_id} of another request "
+            "(another operation, interval or partition); nothing was run",
+            operation_id=run.operation_id,
+            hint="use a new idempotency key for a new request",
+        )
+    if run.definition_hash != start.definition_hash:
+        raise IntentConflict(
+            f"run {run.run_id} pinned another workload definition than the one given now; "
+            "nothing was read or written",
+            operation_id=run.operation_id,
+            recovery_ref=recovery_ref(run.operation_id),
+            hint="restore the original workload file, or start a new run with a new "
+            "idempotency key (a new operation: another release or interval)",
+        )
