@@ -1,0 +1,207 @@
+"""A real scheduler and executor run a mapped DAG; one worker process dies by SIGKILL.
+
+Airflow 3.3.2: api-server + scheduler + dag-processor, LocalExecutor, SQLite metadata.
+Airflow 2.11.2: scheduler with SequentialExecutor (2.x refuses LocalExecutor on SQLite).
+
+The DAG comes from the DAG factory: one workload whose source path has ``{partition}``,
+mapped over three regions. Every try sleeps inside the open target transaction
+(failpoint ``fence.mutate.before_commit=sleep``); the test reads the journal, finds the
+first operation in COMMITTING, and SIGKILLs the process that holds its lease (the
+lease owner names the pid): the task process, mid-load. Airflow retries that task; the
+retry seals the fence, proves nothing committed, and writes. Every partition lands once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.airflow.conftest import Airflow, both
+from tests.airflow.scenarios import (
+    REGION_ROWS,
+    REGIONS,
+    journal_entries,
+    metadata,
+    table_rows,
+    task_states,
+    workload,
+    write_regions,
+)
+
+pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
+
+DAG_ID = "dpone_regions"
+DEADLINE_S = 200
+
+DAG_FILE = """
+from datetime import datetime, timedelta, timezone
+
+from dpone.airflow import dags_from_folder
+
+globals().update(
+    dags_from_folder(
+        "{workloads}",
+        schedule="@daily",
+        start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),
+        partitions={{"regions": {regions}}},
+        retries=3,
+        retry_delay=timedelta(seconds=2),
+    )
+)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dag_run_state(home: Path) -> str | None:
+    try:
+        with metadata(home) as db:
+            row = db.execute("SELECT state FROM dag_run WHERE dag_id = ?", (DAG_ID,)).fetchone()
+    except Exception:  # the scheduler may still be creating the table rows
+        return None
+    return row[0] if row else None
+
+
+def _kill_first_committing(journal: Path) -> str | None:
+    """SIGKILL the lease holder of an operation in COMMITTING; return the operation id."""
+    if not journal.exists():
+        return None
+    try:
+        entries = journal_entries(journal)
+    except Exception:  # the journal is being created
+        return None
+    for entry in entries:
+        if entry["state"] == "COMMITTING" and entry["lease_owner"]:
+            pid = int(entry["lease_owner"].split(":")[1])
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return str(entry["operation_id"])
+    return None
+
+
+def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
+    work = tmp / airflow.label
+    data = work / "data"
+    write_regions(data)
+    out = work / "out"
+    out.mkdir(parents=True)
+    journal, warehouse = out / "journal.db", out / "warehouse.db"
+    folder = work / "workloads"
+    workload(
+        folder, "regions", source=str(data / "region_{partition}.csv"), journal=journal,
+        target=f"{{kind: sqlite, url: 'sqlite:///{warehouse}', table: regions}}",
+    )  # fmt: skip
+    dags = work / "dags"
+    dags.mkdir()
+    (dags / "regions.py").write_text(DAG_FILE.format(workloads=folder, regions=list(REGIONS)))
+    home = airflow.home(work)
+    port = _free_port()
+    env = airflow.env(
+        home,
+        dags,
+        DPONE_FAILPOINTS="fence.mutate.before_commit=sleep(3)",
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
+        AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+        AIRFLOW__CORE__PARALLELISM="2",
+    )
+    if airflow.major >= 3:
+        env.update(
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+            AIRFLOW__API__PORT=str(port),
+        )
+        commands = [
+            ["airflow", "api-server", "--port", str(port)],
+            ["airflow", "dag-processor"],
+            ["airflow", "scheduler"],
+        ]
+    else:
+        env.update(AIRFLOW__CORE__EXECUTOR="SequentialExecutor")
+        commands = [["airflow", "scheduler"]]
+    logs = [(work / f"{c[1]}.log").open("w") for c in commands]
+    procs = [
+        subprocess.Popen(
+            [airflow.bin(c[0]), *c[1:]],
+            env=env,
+            cwd=home,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for c, log in zip(commands, logs, strict=True)
+    ]
+    killed: str | None = None
+    state: str | None = None
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < DEADLINE_S:
+            if killed is None:
+                killed = _kill_first_committing(journal)
+            state = _dag_run_state(home)
+            if state in ("success", "failed"):
+                break
+            time.sleep(0.3)
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in logs:
+            log.close()
+    service_logs = "\n".join(
+        f"--- {c[1]}\n" + (work / f"{c[1]}.log").read_text()[-3000:] for c in commands
+    )
+    return {
+        "state": state,
+        "killed": killed,
+        "home": home,
+        "journal": journal,
+        "warehouse": warehouse,
+        "seconds": time.monotonic() - started,
+        "logs": service_logs,
+    }
+
+
+def test_mapped_dag_survives_a_killed_worker(airflows: dict[str, Airflow], tmp_path: Path) -> None:
+    results = both(airflows, lambda af: _scenario(af, tmp_path))
+    for label, run in results.items():
+        where = f"Airflow {label} ({run['seconds']:.0f}s):\n{run['logs']}"
+        assert run["killed"] is not None, "no worker was killed mid-load\n" + where
+        assert run["state"] == "success", where
+        home = Path(str(run["home"]))
+        states = task_states(home, DAG_ID)
+        assert sorted(states) == [("load", i) for i in range(len(REGIONS))], where
+        assert all(s == "success" for s, _ in states.values()), states
+        # the killed task was retried; the others ran once
+        assert sorted(n for _, n in states.values()) == [1] * (len(REGIONS) - 1) + [2], states
+        # every partition landed exactly once
+        rows = table_rows(
+            Path(str(run["warehouse"])),
+            "SELECT region, COUNT(*), COUNT(DISTINCT id) FROM regions GROUP BY region",
+        )
+        assert sorted(rows) == sorted((r, REGION_ROWS, REGION_ROWS) for r in REGIONS)
+        entries = journal_entries(Path(str(run["journal"])))
+        assert len(entries) == len(REGIONS)
+        assert {e["state"] for e in entries} == {"COMPLETE"}
+        assert {e["metadata"]["partition"] for e in entries} == set(REGIONS)
+        assert run["killed"] in {e["operation_id"] for e in entries}
