@@ -134,6 +134,8 @@ class Airflow:
             AIRFLOW__API_AUTH__JWT_SECRET=JWT_SECRET,
             AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
             PYTHONDONTWRITEBYTECODE="1",
+            # executors start `airflow tasks run ...` by name
+            PATH=f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
         )
         env.update(extra)
         return env

@@ -46,7 +46,7 @@ def workload(
         'release: "r1"\n'
         "deployment: airflow-test\n"
         f"journal: sqlite:///{journal}\n"
-        f"source: {{kind: csv, path: {source}}}\n"
+        f"source: {{kind: csv, path: '{source}'}}\n"
         f"target: {target}\n"
         f"load: {{strategy: {strategy}}}\n"
     )

