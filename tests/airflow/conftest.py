@@ -34,12 +34,11 @@ COMPAT_PIN = "apache-airflow-providers-common-compat==1.23.0"
 JWT_SECRET = "dpone-tests-jwt-secret-not-a-real-one-0123456789"  # noqa: S105 - test-only key
 T = TypeVar("T")
 
-pytestmark = pytest.mark.airflow
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `-m "not airflow"` deselects every test that needs the Airflow environments
     for item in items:
-        if "tests/airflow/" in str(item.fspath).replace(os.sep, "/"):
+        if "airflows" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.airflow)
 
 
