@@ -130,7 +130,7 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
     env = airflow.env(
         home,
         dags,
-        DPONE_FAILPOINTS="fence.mutate.before_commit=sleep(3)",
+        DPONE_FAILPOINTS="fence.mutate.before_commit=sleep(2)",
         AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
         AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
