@@ -3,12 +3,14 @@
 Airflow 3.3.2: api-server + scheduler + dag-processor, LocalExecutor, SQLite metadata.
 Airflow 2.11.2: scheduler with SequentialExecutor (2.x refuses LocalExecutor on SQLite).
 
-The DAG comes from the DAG factory: one workload whose source path has ``{partition}``,
-mapped over three regions. Every try sleeps inside the open target transaction
-(failpoint ``fence.mutate.before_commit=sleep``); the test reads the journal, finds the
-first operation in COMMITTING, and SIGKILLs the process that holds its lease (the
+The DAGs come from the DAG factory: one workload whose source path has ``{partition}``,
+mapped over three regions, and one capability-``none`` workload (jsonl_append). Every
+try sleeps inside the open target transaction (failpoint
+``fence.mutate.before_commit=sleep``); the test reads the journal, finds the first
+operation of each workload in COMMITTING, and SIGKILLs the process that holds its lease (the
 lease owner names the pid): the task process, mid-load. Airflow retries that task; the
 retry seals the fence, proves nothing committed, and writes. Every partition lands once.
+The same kill on the jsonl_append workload ends in COMMIT_UNKNOWN on try 2 of 4.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from tests.airflow.scenarios import (
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
 
 DAG_ID = "dpone_regions"
+#: a capability-``none`` workload killed in COMMITTING: its retry must stop, not rewrite
+UNKNOWN_DAG_ID = "dpone_events"
 DEADLINE_S = 200
 
 DAG_FILE = """
@@ -79,35 +83,44 @@ def _wait_for_api(port: int, timeout: float = 120) -> None:
     raise AssertionError(f"the api-server did not answer on {port} within {timeout}s")
 
 
-def _dag_run_state(home: Path) -> str | None:
-    """The DAG run's state; ``import_error`` if the DAG file failed to parse."""
+def _dag_run_states(home: Path) -> dict[str, str] | None:
+    """DAG id -> run state; None while unreadable; ``import_error`` if a DAG file failed."""
     try:
         with metadata(home) as db:
             if db.execute("SELECT COUNT(*) FROM import_error").fetchone()[0]:
-                return "import_error"
-            row = db.execute("SELECT state FROM dag_run WHERE dag_id = ?", (DAG_ID,)).fetchone()
+                return {"import_error": "import_error"}
+            rows = db.execute("SELECT dag_id, state FROM dag_run").fetchall()
     except Exception:  # the database is busy: look again
         return None
-    return row[0] if row else None
+    return dict(rows)
 
 
-def _kill_first_committing(journal: Path) -> str | None:
-    """SIGKILL the lease holder of an operation in COMMITTING; return the operation id."""
+def _finished(states: dict[str, str] | None) -> bool:
+    if states is None:
+        return False
+    if "import_error" in states:
+        return True
+    done = ("success", "failed")
+    return states.get(DAG_ID) in done and states.get(UNKNOWN_DAG_ID) in done
+
+
+def _kill_committing(journal: Path, killed: dict[str, str]) -> None:
+    """SIGKILL the lease holder of the first operation seen in COMMITTING, per workload."""
     if not journal.exists():
-        return None
+        return
     try:
         entries = journal_entries(journal)
     except Exception:  # the journal is being created
-        return None
+        return
     for entry in entries:
-        if entry["state"] == "COMMITTING" and entry["lease_owner"]:
-            pid = int(entry["lease_owner"].split(":")[1])
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            return str(entry["operation_id"])
-    return None
+        name = entry["metadata"]["workload_id"]
+        if name in killed or entry["state"] != "COMMITTING" or not entry["lease_owner"]:
+            continue
+        try:
+            os.kill(int(entry["lease_owner"].split(":")[1]), signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        killed[name] = str(entry["operation_id"])
 
 
 def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
@@ -121,6 +134,10 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
     workload(
         folder, "regions", source=str(data / "region_{partition}.csv"), journal=journal,
         target=f"{{kind: sqlite, url: 'sqlite:///{warehouse}', table: regions}}",
+    )  # fmt: skip
+    workload(
+        folder, "events", source=str(data / "region_eu.csv"), journal=journal,
+        target=f"{{kind: jsonl_append, path: {out / 'events.jsonl'}}}",
     )  # fmt: skip
     dags = work / "dags"
     dags.mkdir()
@@ -166,15 +183,14 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
         )
         for c, log in zip(commands, logs, strict=True)
     ]
-    killed: str | None = None
-    state: str | None = None
+    killed: dict[str, str] = {}
+    states: dict[str, str] | None = None
     started = time.monotonic()
     try:
         while time.monotonic() - started < DEADLINE_S:
-            if killed is None:
-                killed = _kill_first_committing(journal)
-            state = _dag_run_state(home)
-            if state in ("success", "failed", "import_error"):
+            _kill_committing(journal, killed)
+            states = _dag_run_states(home)
+            if _finished(states):
                 break
             time.sleep(0.3)
     finally:
@@ -194,9 +210,14 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
     service_logs = "\n".join(
         f"--- {c[1]}\n" + (work / f"{c[1]}.log").read_text()[-3000:] for c in commands
     )
+    task_logs = "\n".join(
+        p.read_text() for p in home.glob(f"logs/dag_id={UNKNOWN_DAG_ID}/**/attempt=*.log")
+    )
     return {
-        "state": state,
+        "states": states,
         "killed": killed,
+        "events_log": task_logs,
+        "jsonl": out / "events.jsonl",
         "home": home,
         "journal": journal,
         "warehouse": warehouse,
@@ -209,15 +230,17 @@ def test_mapped_dag_survives_a_killed_worker(airflows: dict[str, Airflow], tmp_p
     results = both(airflows, lambda af: _scenario(af, tmp_path))
     for label, run in results.items():
         where = f"Airflow {label} ({run['seconds']:.0f}s):\n{run['logs']}"
-        assert run["killed"] is not None, "no worker was killed mid-load\n" + where
-        assert run["state"] == "success", where
+        killed = dict(run["killed"])  # type: ignore[call-overload]
+        assert set(killed) == {"regions", "events"}, "workers not killed mid-load\n" + where
+        dag_runs = run["states"] or {}
+        assert dag_runs.get(DAG_ID) == "success", where  # type: ignore[union-attr]
         home = Path(str(run["home"]))
         states = task_states(home, DAG_ID)
         assert sorted(states) == [("load", i) for i in range(len(REGIONS))], where
         assert all(s == "success" for s, _ in states.values()), states
         entries = journal_entries(Path(str(run["journal"])))
         partitions = {e["operation_id"]: e["metadata"]["partition"] for e in entries}
-        killed_index = REGIONS.index(partitions[str(run["killed"])])
+        killed_index = REGIONS.index(partitions[killed["regions"]])
         assert states[("load", killed_index)][1] >= 2, states  # the killed try was retried
         # every partition landed exactly once
         rows = table_rows(
@@ -225,7 +248,17 @@ def test_mapped_dag_survives_a_killed_worker(airflows: dict[str, Airflow], tmp_p
             "SELECT region, COUNT(*), COUNT(DISTINCT id) FROM regions GROUP BY region",
         )
         assert sorted(rows) == sorted((r, REGION_ROWS, REGION_ROWS) for r in REGIONS)
-        assert len(entries) == len(REGIONS)
-        assert {e["state"] for e in entries} == {"COMPLETE"}
-        assert {e["metadata"]["partition"] for e in entries} == set(REGIONS)
-        assert run["killed"] in {e["operation_id"] for e in entries}
+        regions = [e for e in entries if e["metadata"]["workload_id"] == "regions"]
+        assert len(regions) == len(REGIONS)
+        assert {e["state"] for e in regions} == {"COMPLETE"}
+        assert {e["metadata"]["partition"] for e in regions} == set(REGIONS)
+        # capability none, killed in COMMITTING: try 2 stops with COMMIT_UNKNOWN and the
+        # recovery command; tries 3 and 4 are not used; the rows were appended once
+        assert dag_runs.get(UNKNOWN_DAG_ID) == "failed", where  # type: ignore[union-attr]
+        assert task_states(home, UNKNOWN_DAG_ID) == {("load", -1): ("failed", 2)}
+        [events] = [e for e in entries if e["metadata"]["workload_id"] == "events"]
+        assert events["state"] == "COMMIT_UNKNOWN"
+        assert events["operation_id"] == killed["events"]
+        command = f"dpone recovery target-commit plan --operation-id {killed['events']}"
+        assert command in str(run["events_log"]), str(run["events_log"])[-3000:]
+        assert len(Path(str(run["jsonl"])).read_text().splitlines()) == REGION_ROWS
