@@ -32,7 +32,7 @@ from tests.airflow.scenarios import (
     xcoms,
 )
 
-pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.airflow, pytest.mark.timeout(480)]
 
 DAG_ID = "dpone_retry_scenarios"
 INTERVAL = "2026-11-01/2026-11-02"

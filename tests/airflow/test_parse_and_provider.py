@@ -16,7 +16,7 @@ import pytest
 from tests.airflow.conftest import Airflow, both
 from tests.airflow.scenarios import workload
 
-pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.airflow, pytest.mark.timeout(480)]
 
 PROBE = Path(__file__).with_name("parse_probe.py")
 FILES = 20

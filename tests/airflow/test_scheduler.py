@@ -37,7 +37,7 @@ from tests.airflow.scenarios import (
     write_regions,
 )
 
-pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.airflow, pytest.mark.timeout(480)]
 
 DAG_ID = "dpone_regions"
 #: a capability-``none`` workload killed in COMMITTING: its retry must stop, not rewrite

@@ -70,7 +70,7 @@ class DponeRunOperator(BaseOperator):  # type: ignore[misc]  # untyped without A
     def __init__(
         self,
         *,
-        workload: str,
+        workload: str | os.PathLike[str],
         interval: str | None = None,
         partition: str | None = None,
         target_conn_id: str | None = None,
@@ -78,7 +78,8 @@ class DponeRunOperator(BaseOperator):  # type: ignore[misc]  # untyped without A
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.workload = os.fspath(workload)
+        # a Path is fine too; mapped or templated values stay as given
+        self.workload = os.fspath(workload) if isinstance(workload, os.PathLike) else workload
         self.interval = interval
         self.partition = partition
         self.target_conn_id = target_conn_id
