@@ -1,0 +1,142 @@
+"""``DponeRunOperator``: one workload operation per Airflow task (or mapped partition)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from dpone.airflow.compat import AirflowFailException, BaseHook, BaseOperator
+
+if TYPE_CHECKING:
+    from dpone.airflow.identity import TaskIdentity
+
+__all__ = ["DponeRunOperator"]
+
+_log = logging.getLogger("dpone.airflow")
+
+
+def _interval_from(context: Any) -> str:
+    """The DAG run's data interval as ``START/END``, or a ConfigInvalid saying what to pass."""
+    from dpone.errors import ConfigInvalid
+
+    start = context.get("data_interval_start")
+    end = context.get("data_interval_end")
+    if not isinstance(start, datetime) or not isinstance(end, datetime) or end <= start:
+        raise ConfigInvalid(
+            "this DAG run has no data interval to load (a manual run of an unscheduled DAG?)",
+            field="interval",
+            hint="give the operator interval='START/END', or schedule the DAG",
+        )
+    return f"{start.isoformat()}/{end.isoformat()}"
+
+
+def _map_index(ti: Any) -> int:
+    value = getattr(ti, "map_index", None)
+    return -1 if value is None else int(value)
+
+
+class DponeRunOperator(BaseOperator):  # type: ignore[misc]  # untyped without Airflow
+    """Run (or resume, or replay) one dpone operation of a workload.
+
+    Every try of one task instance resolves the same operation: its id comes from the DAG
+    id, the DAG run's ``run_id``, the task id and the partition (or map index), never the
+    try number. So a retry after a lost worker finishes or proves what the lost try did
+    and never writes twice; a COMPLETE operation returns its recorded result.
+
+    Args:
+        workload: path of the workload YAML file, as the worker sees it.
+        interval: ``START/END`` to load; default: the DAG run's data interval.
+        partition: the mapped partition identity (map the task over a list of these).
+        target_conn_id: an Airflow connection to use as the target, resolved in the worker.
+        journal_conn_id: an Airflow connection to use as the journal, resolved in the worker.
+
+    Returns (XCom ``return_value``): ``operation_id``, ``state``, ``rows_written``,
+    ``replayed`` and ``resumed``; never rows, SQL or credentials.
+
+    Raises:
+        AirflowFailException: COMMIT_UNKNOWN, an intent conflict or another family that a
+            retry cannot fix; the message names the recovery command.
+        DponeError: a retryable family (journal or fence unavailable, lease held, ...), so
+            Airflow's retries apply.
+
+    """
+
+    template_fields: Sequence[str] = ("workload", "interval", "partition")
+    ui_color: ClassVar[str] = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        workload: str | os.PathLike[str],
+        interval: str | None = None,
+        partition: str | None = None,
+        target_conn_id: str | None = None,
+        journal_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        # a Path is fine too; mapped or templated values stay as given
+        self.workload = os.fspath(workload) if isinstance(workload, os.PathLike) else workload
+        self.interval = interval
+        self.partition = partition
+        self.target_conn_id = target_conn_id
+        self.journal_conn_id = journal_conn_id
+
+    # ------------------------------------------------------------------ run time only
+    def execute(self, context: Any) -> dict[str, object]:
+        """Run the operation in this worker; every import of dpone's runtime happens here."""
+        from dpone.airflow.identity import TaskIdentity
+        from dpone.airflow.outcome import failure, xcom_summary
+        from dpone.errors import DponeError
+
+        ti = context["ti"]
+        task = TaskIdentity(
+            dag_id=ti.dag_id,
+            run_id=context["dag_run"].run_id,
+            task_id=ti.task_id,
+            map_index=_map_index(ti),
+        )
+        provenance = task.provenance(try_number=getattr(ti, "try_number", None))
+        _log.info("dpone run: workload %s, provenance %s", self.workload, provenance)
+        try:
+            result = self._run(task, context, try_number=getattr(ti, "try_number", None))
+        except DponeError as error:
+            stop = failure(error, workload=self.workload)
+            if stop is not None:
+                self.log.error("%s", stop.message)  # noqa: TRY400 - no traceback: the message says it
+                raise AirflowFailException(stop.message) from None
+            self.log.warning("%s (retryable: Airflow's retries apply)", error)
+            raise
+        summary = xcom_summary(result)
+        self.log.info(
+            "dpone operation %s is %s: %s rows%s",
+            result.operation_id,
+            result.state.value,
+            result.rows_written,
+            " (replayed: it was already complete)" if result.replayed else "",
+        )
+        return summary
+
+    def _run(self, task: TaskIdentity, context: Any, *, try_number: int | None) -> Any:
+        from dpone.airflow.connections import apply_connections
+        from dpone.api import Runner
+        from dpone.config.workload import load_workload
+
+        workload, environ = apply_connections(
+            load_workload(self.workload),
+            target_conn_id=self.target_conn_id,
+            journal_conn_id=self.journal_conn_id,
+            lookup=BaseHook.get_connection,
+            environ=os.environ,
+        )
+        interval = self.interval or _interval_from(context)
+        with Runner(workload, environ=environ) as runner:
+            return runner.run(
+                interval=interval,
+                partition=task.partition(self.partition),
+                context=task.run_context(),
+                provenance=task.ledger_provenance(try_number=try_number),
+            )
