@@ -220,6 +220,20 @@ def test_pg_a_file_changed_after_its_identity_never_commits(
     assert table == (0,)  # so did the table created for the load
 
 
+def test_pg_a_record_count_the_server_disagrees_with_takes_the_rows_path(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    monkeypatch.setattr(CsvFileBytes, "records", lambda self: 3)
+    connector = _pg_connector(pg, "t")
+    try:
+        assert _mutate(connector, path, _plan(f"{pg[1]}.t"), raw=True)[:2] == (2, 2)
+    finally:
+        connector.close()
+    assert passed == []
+    assert len(_pg_rows(pg, "t")) == 2  # the savepoint undid the COPY; the rows loaded once
+
+
 def test_pg_merge_and_replace_pass_through(
     pg: tuple[str, str], tmp_path: Path, passed: list[int]
 ) -> None:
@@ -253,10 +267,11 @@ def _duck_rows(db: Path, table: str) -> list[tuple[Any, ...]]:
         return rows
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
 def test_duckdb_tricky_csv_loads_identically_by_file_and_by_rows(
-    tmp_path: Path, passed: list[int]
+    tmp_path: Path, passed: list[int], newline: str
 ) -> None:
-    path = _write(tmp_path / "tricky.csv", TRICKY)
+    path = _write(tmp_path / "tricky.csv", TRICKY, newline=newline)
     results = []
     for table, raw in (("by_file", True), ("by_rows", False)):
         db = tmp_path / f"{table}.duckdb"
@@ -269,19 +284,26 @@ def test_duckdb_tricky_csv_loads_identically_by_file_and_by_rows(
     assert passed == [8]
     assert results[0] == results[1]
     rows = results[0][2]
-    assert rows[1] == (2, "a,b", 2.0, "line one\nline two")
+    assert rows[1] == (2, "a,b", 2.0, f"line one{newline}line two")
     assert rows[2] == (3, None, None, None)
+    assert rows[3] == (4, "  ", None, "  spaced  ")
     assert rows[4][1] == "Ünïcødé 日本 ✓"
 
 
-def test_duckdb_crlf_files_take_the_rows_path(tmp_path: Path, passed: list[int]) -> None:
-    path = _write(tmp_path / "crlf.csv", "id,name,amount,note\n1,a,1,b\n", newline="\r\n")
-    connector = DuckDbConnector(tmp_path / "t.duckdb", table="t")
+def test_duckdb_a_record_count_the_reader_disagrees_with_takes_the_rows_path(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were a target's parser to read other records than Python, the count gives it away."""
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    monkeypatch.setattr(CsvFileBytes, "records", lambda self: 3)
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
     try:
-        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (1, 1)
+        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (2, 2)
     finally:
         connector.close()
     assert passed == []
+    assert len(_duck_rows(db, "t")) == 2
 
 
 def test_duckdb_a_file_changed_during_the_transaction_never_commits(

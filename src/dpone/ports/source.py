@@ -97,6 +97,15 @@ class RawCsv(Protocol):
         """
         ...
 
+    def records(self) -> int:
+        """Return the number of records after the header, counted while ``chunks`` read.
+
+        Line feeds outside quoted sections, less the header's; valid once ``chunks`` is
+        exhausted. A connector compares it with the rows its target loaded and treats a
+        difference as a refusal: the target's parser did not read the records Python would.
+        """
+        ...
+
     def verify_unchanged(self) -> None:
         """Hash the file again and check it is still the snapshot ``chunks`` read.
 

@@ -73,6 +73,7 @@ class _CountedRawCsv:
         self._counted = counted
         self.chunks = raw.chunks
         self.verify_unchanged = raw.verify_unchanged
+        self.records = raw.records
 
     @property
     def path(self) -> Path:

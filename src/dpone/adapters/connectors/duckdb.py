@@ -318,7 +318,9 @@ def _create_sql(plan: LoadPlan, table: _Table) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table.sql} ({', '.join(parts)})"
 
 
-def _csv_scan(plan: LoadPlan, *, header: bool = False, delimiter: str = ",") -> str:
+def _csv_scan(
+    plan: LoadPlan, *, header: bool = False, delimiter: str = ",", new_line: str | None = "\\n"
+) -> str:
     """Return a ``read_csv($1, ...)`` that types each column as the table does.
 
     Names and types are validated identifiers and fixed type names, and the delimiter
@@ -332,7 +334,9 @@ def _csv_scan(plan: LoadPlan, *, header: bool = False, delimiter: str = ",") -> 
     return (
         f"read_csv($1, header = {str(header).lower()}, auto_detect = false, "
         f"delim = '{delimiter}', quote = '\"', "
-        "escape = '\"', nullstr = '', new_line = '\\n', strict_mode = true, "
+        "escape = '\"', nullstr = '', "
+        + (f"new_line = '{new_line}', " if new_line else "")
+        + "strict_mode = true, "
         f"columns = {{{columns}}})"
     )
 
@@ -720,16 +724,20 @@ class DuckDbConnector:
         if raw.columns != tuple(c.name for c in plan.columns):
             return None
         try:
-            for _ in raw.chunks(crlf=False):
+            for _ in raw.chunks(crlf=True):
                 pass
         except RawCsvRefused:
             return None
-        scan = _csv_scan(plan, header=True, delimiter=raw.delimiter)
+        # The line ending is left to DuckDB (LF or CRLF); the record count proves it
+        # read the records Python would.
+        scan = _csv_scan(plan, header=True, delimiter=raw.delimiter, new_line=None)
         path = str(raw.path)
         try:
             count = self._apply(conn, plan, table, scan, path)
         except duckdb.Error as exc:
             raise _RowsInstead from exc
+        if count != raw.records():
+            raise _RowsInstead
         raw.verify_unchanged()
         raw.loaded(count)
         return count

@@ -499,6 +499,18 @@ def _csv_copy_statement(target: sql.Composable, plan: _Plan, raw: RawCsv) -> sql
     ).format(target, columns, sql.Literal(raw.delimiter), columns)
 
 
+def _copy_file(cur: psycopg.Cursor[Any], statement: sql.Composed, raw: RawCsv) -> int:
+    """COPY the file's chunks under a savepoint; refuse a count other than Python's."""
+    with cur.connection.transaction():
+        with cur.copy(statement) as copy:
+            for chunk in raw.chunks(crlf=True):
+                copy.write(chunk)
+        count = cur.rowcount
+        if count != raw.records():  # the server read other records than Python would
+            raise RawCsvRefused("record count")
+    return count
+
+
 def _merge_statements(plan: _Plan) -> tuple[sql.Composed, sql.Composed]:
     """Return (create the staging table, upsert it into the target)."""
     stage = sql.Identifier(_STAGE)
@@ -1006,8 +1018,9 @@ class PostgresConnector:
 
         Only when the stream offers the file (no row needs Python) and its header is the
         plan's columns. The chunks are hashed and checked on the way (``RawCsv``): a
-        refused chunk, or a record the server's parser rejects, rolls back to the
-        savepoint and the rows path loads the file instead, with its own messages. A
+        refused chunk, a record the server's parser rejects, or a row count other than
+        the records Python would read rolls back to the savepoint and the rows path
+        loads the file instead, with its own messages. A
         file that is no longer the snapshot raises "source changed" and the whole
         transaction rolls back.
         """
@@ -1015,15 +1028,9 @@ class PostgresConnector:
         if raw is None or raw.columns != tuple(plan.columns):
             return None
         try:
-            with (
-                cur.connection.transaction(),
-                cur.copy(_csv_copy_statement(target, plan, raw)) as copy,
-            ):
-                for chunk in raw.chunks(crlf=True):
-                    copy.write(chunk)
+            count = _copy_file(cur, _csv_copy_statement(target, plan, raw), raw)
         except (RawCsvRefused, psycopg.errors.DataError):
             return None
-        count = cur.rowcount
         raw.loaded(count)
         return count
 

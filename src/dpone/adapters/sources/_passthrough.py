@@ -55,6 +55,7 @@ class _Checker:
         self._last = b"\n"  # the byte before the chunk (the start of the file is a line start)
         self._tail = b""  # the last two bytes before the chunk, for two-byte patterns
         self._header_seen = False
+        self.newlines = 0  # line feeds outside quoted sections: record ends (header's too)
 
     def check(self, chunk: bytes, *, final: bool) -> None:
         if not self._header_seen:
@@ -77,17 +78,22 @@ class _Checker:
                 raise RawCsvRefused("blank line")
         elif _BLANK_LINE.search(window):
             raise RawCsvRefused("blank line")
+        newlines = chunk.count(b"\n")
         if b'"' in chunk:
-            self._quotes(chunk)
+            newlines -= self._quotes(chunk)
+        self.newlines += newlines
         self._tail = window[-2:]
         if chunk:
             self._last = chunk[-1:]
         if final and self._odd:
             raise RawCsvRefused("unterminated quoted field")
 
-    def _quotes(self, chunk: bytes) -> None:
+    def _quotes(self, chunk: bytes) -> int:
+        """Check where quoted sections open; return the line feeds inside them."""
         parts = chunk.split(b'"')
         quotes = len(parts) - 1
+        # parts[i] lies inside a quoted section when the quotes before it are odd.
+        quoted = b"".join(parts[0 if self._odd else 1 :: 2]).count(b"\n")
         # parts[i] precedes the chunk's i-th quote; the (1-based) odd quotes of the file
         # open a quoted section, so keep the segments in front of those.
         start = 1 if self._odd else 0
@@ -98,6 +104,7 @@ class _Checker:
             raise RawCsvRefused("a quote inside an unquoted field")
         if quotes % 2:
             self._odd = not self._odd
+        return quoted
 
     def _header(self, chunk: bytes) -> None:
         end = chunk.find(b"\n")
@@ -133,6 +140,7 @@ class CsvFileBytes:
         self._columns = columns
         self._expected = expected_identity
         self._state: _FileState | None = None
+        self._records: int | None = None
 
     @property
     def path(self) -> Path:
@@ -162,10 +170,19 @@ class CsvFileBytes:
                 if not following and "sha256:" + digest.hexdigest() != self._expected:
                     raise changed_error(self._path)
                 checker.check(chunk, final=not following)
+                if not following:
+                    # The header's line feed ends no record; a last record may lack one.
+                    self._records = checker.newlines - 1 + (not chunk.endswith(b"\n"))
                 yield chunk
                 chunk = following
             if "sha256:" + digest.hexdigest() != self._expected:
                 raise changed_error(self._path)  # an empty file
+
+    def records(self) -> int:
+        """Return the number of records after the header (once ``chunks`` is exhausted)."""
+        if self._records is None:
+            raise RuntimeError("records() before chunks() was read to the end")
+        return self._records
 
     def verify_unchanged(self) -> None:
         """Re-hash the file; it must be the snapshot and the very file ``chunks`` read."""
