@@ -33,6 +33,7 @@ __all__ = ["CsvFileBytes"]
 _END_OF_DATA = re.compile(rb"\\\.")
 _BLANK_LINE = re.compile(rb"\n\n")  # re's literal search beats bytes.find for this one
 _BLANK_LINE_CRLF = re.compile(rb"\n\r?\n")
+_LONE_CR = re.compile(rb"\r(?!\n)")
 
 _FileState = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
 
@@ -71,8 +72,7 @@ class _Checker:
         if b"\r" in window:
             # A CR at the end of a chunk is decided with the next chunk's first byte.
             settled = window if final or not window.endswith(b"\r") else window[:-1]
-            carriage = settled.count(b"\r")
-            if carriage and (not self._crlf or carriage != settled.count(b"\r\n")):
+            if not self._crlf or _LONE_CR.search(settled):
                 raise RawCsvRefused("carriage return")
             if _BLANK_LINE_CRLF.search(window):
                 raise RawCsvRefused("blank line")
