@@ -234,6 +234,33 @@ def test_pg_a_record_count_the_server_disagrees_with_takes_the_rows_path(
     assert len(_pg_rows(pg, "t")) == 2  # the savepoint undid the COPY; the rows loaded once
 
 
+def test_pg_a_mixed_case_header_passes_through_into_folded_columns(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int]
+) -> None:
+    path = _write(tmp_path / "a.csv", "Id,Name\n1,a\n2,b\n")
+    source = CsvSource(path, columns={"Id": "integer", "Name": "text"})
+    identity = source.snapshot_identity()
+    tally = RowTally()
+    plan = LoadPlan(table=f"{pg[1]}.mixed", strategy=LoadStrategy.APPEND, columns=source.columns())
+    op, intent = _op()
+    connector = _pg_connector(pg, "mixed")
+    try:
+        connector.mutate(
+            operation_id=op,
+            intent_digest=intent,
+            epoch=1,
+            plan=plan,
+            batches=counted(source.batches(batch_size=10, expected_identity=identity), tally, None),
+            content_digest=identity,
+            prepare=True,
+        )
+    finally:
+        connector.close()
+    assert passed == [2]
+    assert tally.rows == 2
+    assert _pg_rows(pg, "mixed") == [(1, "a"), (2, "b")]
+
+
 def test_pg_merge_and_replace_pass_through(
     pg: tuple[str, str], tmp_path: Path, passed: list[int]
 ) -> None:

@@ -1004,7 +1004,7 @@ class PostgresConnector:
             create, upsert = _merge_statements(plan)
             cur.execute(create)
             target = sql.Identifier(_STAGE)
-        count = self._copy_raw(cur, target, plan, batches)
+        count = self._copy_raw(cur, target, plan, raw_plan, batches)
         if count is None:
             count = self._copy(cur, _copy_statement(target, plan), plan, batches, operation_id)
         if upsert is not None:
@@ -1012,7 +1012,12 @@ class PostgresConnector:
         return count
 
     def _copy_raw(
-        self, cur: psycopg.Cursor[Any], target: sql.Composable, plan: _Plan, batches: Rows
+        self,
+        cur: psycopg.Cursor[Any],
+        target: sql.Composable,
+        plan: _Plan,
+        raw_plan: LoadPlan,
+        batches: Rows,
     ) -> int | None:
         """Stream the source file's own bytes into ``COPY (FORMAT csv)``; None: use the rows.
 
@@ -1025,7 +1030,7 @@ class PostgresConnector:
         transaction rolls back.
         """
         raw = raw_csv_of(batches)
-        if raw is None or raw.columns != tuple(plan.columns):
+        if raw is None or raw.columns != tuple(c.name for c in raw_plan.columns):
             return None
         try:
             count = _copy_file(cur, _csv_copy_statement(target, plan, raw), raw)
