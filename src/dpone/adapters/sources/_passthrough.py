@@ -33,7 +33,7 @@ __all__ = ["CsvFileBytes"]
 _END_OF_DATA = re.compile(rb"\\\.")
 _BLANK_LINE = re.compile(rb"\n\n")  # re's literal search beats bytes.find for this one
 _BLANK_LINE_CRLF = re.compile(rb"\n\r?\n")
-_LONE_CR = re.compile(rb"\r(?!\n)")
+_LONE_CR = re.compile(rb"\r[^\n]")  # faster than a lookahead; a final CR is checked apart
 
 _FileState = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
 
@@ -70,9 +70,8 @@ class _Checker:
         if b"\\" in window and _END_OF_DATA.search(window):
             raise RawCsvRefused("end-of-data marker")
         if b"\r" in window:
-            # A CR at the end of a chunk is decided with the next chunk's first byte.
-            settled = window if final or not window.endswith(b"\r") else window[:-1]
-            if not self._crlf or _LONE_CR.search(settled):
+            # A CR ending a chunk is decided with the next chunk's first byte (the tail).
+            if not self._crlf or _LONE_CR.search(window) or (final and window.endswith(b"\r")):
                 raise RawCsvRefused("carriage return")
             if _BLANK_LINE_CRLF.search(window):
                 raise RawCsvRefused("blank line")
