@@ -161,6 +161,13 @@ def bench_bulk(work: Path, dsn: str, rows: int, repeat: int) -> dict[str, object
             statistics.median(times["forward"]) / statistics.median(times["plain_copy"]), 3
         ),
         "peak_rss_mb": round(max(rss), 1),
+        "rounds_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
+        "ratio_atomic_per_round": [
+            round(a / p, 3) for p, a in zip(times["plain_copy"], times["atomic"], strict=True)
+        ],
+        "ratio_forward_per_round": [
+            round(f / p, 3) for p, f in zip(times["plain_copy"], times["forward"], strict=True)
+        ],
     }
 
 
