@@ -333,6 +333,31 @@ def test_duckdb_a_record_count_the_reader_disagrees_with_takes_the_rows_path(
     assert len(_duck_rows(db, "t")) == 2
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '1,ab"c,1,"d\n2,x,2,y\n',  # a quote inside an unquoted field is data for Python
+        "1,a,1,b\n\n2,x,2,y\n",  # a blank line is skipped by the rows path
+    ],
+)
+def test_duckdb_files_a_reader_could_read_differently_take_the_rows_path(
+    tmp_path: Path, passed: list[int], body: str
+) -> None:
+    """DuckDB has scanned the file when the check refuses it: all of that rolls back."""
+    path = _write(tmp_path / "odd.csv", "id,name,amount,note\n" + body)
+    tables = []
+    for table, raw in (("by_file", True), ("by_rows", False)):
+        db = tmp_path / f"{table}.duckdb"
+        connector = DuckDbConnector(db, table=table)
+        try:
+            _mutate(connector, path, _plan(table), raw=raw)
+        finally:
+            connector.close()
+        tables.append(_duck_rows(db, table))
+    assert passed == []
+    assert tables[0] == tables[1]
+
+
 def test_duckdb_a_file_changed_during_the_transaction_never_commits(
     tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -345,6 +345,36 @@ class _RowsInstead(Exception):
     """DuckDB's reader refused the raw file: roll back and load the rows instead."""
 
 
+class _FileCheck:
+    """Reads a ``RawCsv`` to its end in a thread (hash and checks); ``result`` re-raises.
+
+    DuckDB's scan releases the GIL, so the check costs no wall time beside it.
+    """
+
+    def __init__(self, raw: RawCsv) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._read, args=(raw,), name="dpone-csv-check", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, raw: RawCsv) -> None:
+        try:
+            for _ in raw.chunks(crlf=True):
+                pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            self._error = exc
+
+    def join(self) -> None:
+        """Wait for the read to end."""
+        self._thread.join()
+
+    def result(self) -> None:
+        """Re-raise what the read raised (after ``join``)."""
+        if self._error is not None:
+            raise self._error
+
+
 class _CsvBuffer:
     """A private temporary CSV file the rows are streamed into before one bulk scan.
 
@@ -716,26 +746,32 @@ class DuckDbConnector:
     ) -> int | None:
         """Load the source file with DuckDB's own CSV reader; None: use the rows instead.
 
-        The file is read and hashed first (``RawCsv.chunks``: it must be the snapshot
-        and RFC 4180 records the rows path would read the same way), then scanned by
-        DuckDB, then hashed again (``verify_unchanged``), all inside the transaction: a
-        file that changed meanwhile raises "source changed" and nothing commits.
+        While DuckDB scans the file, a thread reads it too (``RawCsv.chunks``): hashed,
+        it must be the snapshot, and checked, it must hold RFC 4180 records that the
+        rows path reads the same way, as many as DuckDB loaded. After the scan the file
+        is hashed again and must still be the same file (``verify_unchanged``). All of it
+        runs inside the transaction: a changed file raises "source changed" and nothing
+        commits; a refusal rolls back and the rows path runs (``_RowsInstead``).
         """
         if raw.columns != tuple(c.name for c in plan.columns):
-            return None
-        try:
-            for _ in raw.chunks(crlf=True):
-                pass
-        except RawCsvRefused:
             return None
         # The line ending is left to DuckDB (LF or CRLF); the record count proves it
         # read the records Python would.
         scan = _csv_scan(plan, header=True, delimiter=raw.delimiter, new_line=None)
-        path = str(raw.path)
+        check = _FileCheck(raw)
+        failed: duckdb.Error | None = None
         try:
-            count = self._apply(conn, plan, table, scan, path)
+            count = self._apply(conn, plan, table, scan, str(raw.path))
         except duckdb.Error as exc:
-            raise _RowsInstead from exc
+            failed = exc
+        finally:
+            check.join()
+        try:
+            check.result()  # "source changed" wins over any other outcome
+        except RawCsvRefused:
+            raise _RowsInstead from None
+        if failed is not None:
+            raise _RowsInstead from failed
         if count != raw.records():
             raise _RowsInstead
         raw.verify_unchanged()
