@@ -12,13 +12,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
 from dpone.cli.delivery import delivery_app
 from dpone.contracts.states import CommitState
@@ -31,6 +27,10 @@ from dpone.errors import (
     LeaseHeld,
     UnsafeValue,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 app = typer.Typer(
     name="dpone",
@@ -56,8 +56,33 @@ app.add_typer(delivery_app, name="delivery")
 app.add_typer(checkpoints_app, name="checkpoints")
 app.add_typer(runs_app, name="runs")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class _LazyConsole:
+    """A rich ``Console`` built on first use.
+
+    rich's console, tables and progress bars are imported only by the commands that
+    print through them: a quiet ``dpone run`` in a pipeline never loads them.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        """The real console."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+out = _LazyConsole(highlight=False, soft_wrap=True)
+err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 #: Documented exit codes (README "Exit codes").
 EXIT_OK = 0
@@ -238,11 +263,12 @@ def run(
         note = " (resumed an earlier attempt)"
     attempt = "-" if result.attempt is None else str(result.attempt)
     run_note = f" run={result.run_id} attempt={attempt}" if result.run_id else ""
-    out.print(
+    # One plain line (no markup, no wrapping): printed without loading rich.
+    print(
         f"{result.state.value} {result.operation_id} "
         f"rows={'unknown' if result.rows_written is None else result.rows_written} "
         f"mode={result.mode.value} version={result.journal_version}{run_note}{note}",
-        markup=False,
+        flush=True,
     )
 
 
@@ -261,11 +287,13 @@ def _progress(enabled: bool) -> Iterator[Callable[[int], None] | None]:
     if not enabled:
         yield None
         return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     with Progress(
         SpinnerColumn(),
         TextColumn("[bold]loading[/] {task.completed:,.0f} rows"),
         TimeElapsedColumn(),
-        console=err,
+        console=err.console,
         transient=True,
     ) as bar:
         task = bar.add_task("rows", total=None)
@@ -319,6 +347,8 @@ def _entry_json(entry: Any) -> dict[str, Any]:
 
 def _cells(*values: str) -> list[Text]:
     """Table cells as plain text: stored values are never read as rich markup."""
+    from rich.text import Text
+
     return [Text(v) for v in values]
 
 
@@ -367,6 +397,8 @@ def journal_list(
         for line in (headers, *lines):
             out.print("\t".join(line), markup=False, highlight=False, soft_wrap=True)
     else:
+        from rich.table import Table
+
         table = Table(*headers[1:])
         table.add_column("operation_id", no_wrap=True)  # copied into recovery commands
         for line in lines:
@@ -415,6 +447,8 @@ def checkpoints_list(
         for line in (headers, *lines):
             out.print("\t".join(line), markup=False, highlight=False, soft_wrap=True)
         return
+    from rich.table import Table
+
     table = Table(*headers)
     for line in lines:
         table.add_row(*_cells(*line))
@@ -477,6 +511,8 @@ def _transition_json(t: Any) -> dict[str, Any]:
 
 
 def _print_history(rows: list[Any]) -> None:
+    from rich.table import Table
+
     table = Table("version", "from", "to", "kind", "epoch", "actor", "at", "evidence")
     for t in rows:
         table.add_row(
@@ -671,6 +707,8 @@ def runs_show(
             f"error        {run.error.code} ({run.error.retryability}): {run.error.message}",
             markup=False,
         )
+    from rich.table import Table
+
     table = Table("attempt", "state", "error", "owner", "started", "ended")
     for a in attempts:
         table.add_row(
@@ -902,6 +940,8 @@ def certify(
     Exit 0 only when every check is VERIFIED; 1 when one FAILED; 75 when the target or
     journal could not be reached (UNVERIFIED).
     """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     from dpone.certification import certify as run_certify
 
     with (
@@ -910,7 +950,7 @@ def certify(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             TimeElapsedColumn(),
-            console=err,
+            console=err.console,
             transient=True,
             disable=as_json or not err.is_terminal,
         ) as bar,
@@ -953,7 +993,7 @@ def demo(
     from dpone.demo import run_demo
 
     with _boundary(False):
-        code = run_demo(directory=directory, rows=rows, console=out)
+        code = run_demo(directory=directory, rows=rows, console=out.console)
     raise typer.Exit(code)
 
 

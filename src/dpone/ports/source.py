@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 from dpone.contracts.load import Column
 
-__all__ = ["SourcePort"]
+__all__ = ["RAW_CSV_DELIMITERS", "RawCsv", "RawCsvRefused", "SourcePort", "raw_csv_of"]
+
+# The field separators a raw CSV file may have: one ASCII byte every target's CSV
+# reader takes as a delimiter (and safe to spell inside a SQL string literal).
+RAW_CSV_DELIMITERS = frozenset(",;|\t")
 
 
 class SourcePort(Protocol):
@@ -43,3 +48,89 @@ class SourcePort(Protocol):
 
         """
         ...
+
+
+class RawCsvRefused(Exception):
+    """The file holds bytes a target's own CSV parser could read differently: use the rows.
+
+    Raised by ``RawCsv.chunks`` before the offending chunk is handed out. Connectors roll
+    back what the pass-through did and load the source's rows instead.
+    """
+
+
+class RawCsv(Protocol):
+    """A CSV source's file offered as raw bytes to a target that parses CSV itself.
+
+    Offered (``raw_csv()`` on the object ``batches`` returns) only when no row needs
+    Python: the rows would be the file's records unchanged. Every value is text; an
+    empty field, quoted or not, is NULL, exactly as in the rows path. The file has one
+    header row whose names are ``columns`` (the plan's columns, in file order).
+    """
+
+    @property
+    def path(self) -> Path:
+        """The file."""
+        ...
+
+    @property
+    def delimiter(self) -> str:
+        """The field separator, one of ``RAW_CSV_DELIMITERS``."""
+        ...
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The header's column names, in file order."""
+        ...
+
+    def chunks(self, *, crlf: bool) -> Iterator[bytes]:
+        """Yield the file's bytes (header included), hashing and checking each chunk.
+
+        Only RFC 4180 records are handed out: a quote opens a field or doubles inside a
+        quoted one, no blank line, no NUL, no backslash-dot, no lone CR (and no CR at all
+        unless ``crlf``). Anything else raises ``RawCsvRefused`` before its chunk.
+
+        Raises:
+            RawCsvRefused: see above (nothing about the content changed).
+            SourceInvalid: after the last chunk, when the bytes read are not the
+                operation's snapshot identity ("source changed").
+
+        """
+        ...
+
+    def records(self) -> int:
+        """Return the number of records after the header, counted while ``chunks`` read.
+
+        Line feeds outside quoted sections, less the header's; valid once ``chunks`` is
+        exhausted. A connector compares it with the rows its target loaded and treats a
+        difference as a refusal: the target's parser did not read the records Python would.
+        """
+        ...
+
+    def verify_unchanged(self) -> None:
+        """Hash the file again and check it is still the snapshot ``chunks`` read.
+
+        For targets that read the file themselves: call after ``chunks`` and after the
+        target's read, inside the transaction, before commit.
+
+        Raises:
+            SourceInvalid: the content or the file's inode/size/mtime/ctime changed.
+
+        """
+        ...
+
+    def loaded(self, rows: int) -> None:
+        """Report the rows the target loaded from the file (counts and progress)."""
+        ...
+
+
+def raw_csv_of(batches: object) -> RawCsv | None:
+    """Return the raw CSV file a batch stream offers, or None (then iterate the rows).
+
+    A stream offers one by having a ``raw_csv()`` method; interval filters and other
+    Python-side row work return plain iterators, which offer none.
+    """
+    offer = getattr(batches, "raw_csv", None)
+    if not callable(offer):
+        return None
+    raw: RawCsv | None = offer()
+    return raw

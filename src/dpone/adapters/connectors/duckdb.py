@@ -38,6 +38,7 @@ from dpone.errors import (
     TargetWriteFailed,
 )
 from dpone.ports.connector import Rows, WithinTransaction
+from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsv, RawCsvRefused, raw_csv_of
 
 __all__ = ["FENCE_TABLE", "DuckDbConnector"]
 
@@ -330,18 +331,61 @@ def _create_sql(plan: LoadPlan, table: _Table) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table.sql} ({', '.join(parts)})"
 
 
-def _csv_scan(plan: LoadPlan) -> str:
+def _csv_scan(
+    plan: LoadPlan, *, header: bool = False, delimiter: str = ",", new_line: str | None = "\\n"
+) -> str:
     """Return a ``read_csv($1, ...)`` that types each column as the table does.
 
-    Names and types are validated identifiers and fixed type names, so they are safe
-    inside the struct literal; the file path is a bound parameter.
+    Names and types are validated identifiers and fixed type names, and the delimiter
+    is one of ``RAW_CSV_DELIMITERS``, so they are safe inside the literal; the
+    file path is a bound parameter. ``nullstr = ''`` with DuckDB's default
+    ``allow_quoted_nulls`` makes every empty field NULL, quoted or not.
     """
+    if delimiter not in RAW_CSV_DELIMITERS:
+        raise ValueError("unsupported delimiter")
     columns = ", ".join(f"'{c.name}': '{_SQL_TYPES[c.type]}'" for c in plan.columns)
     return (
-        "read_csv($1, header = false, auto_detect = false, delim = ',', quote = '\"', "
-        "escape = '\"', nullstr = '', new_line = '\\n', strict_mode = true, "
+        f"read_csv($1, header = {str(header).lower()}, auto_detect = false, "
+        f"delim = '{delimiter}', quote = '\"', "
+        "escape = '\"', nullstr = '', "
+        + (f"new_line = '{new_line}', " if new_line else "")
+        + "strict_mode = true, "
         f"columns = {{{columns}}})"
     )
+
+
+class _RowsInstead(Exception):
+    """DuckDB's reader refused the raw file: roll back and load the rows instead."""
+
+
+class _FileCheck:
+    """Reads a ``RawCsv`` to its end in a thread (hash and checks); ``result`` re-raises.
+
+    DuckDB's scan releases the GIL, so the check costs no wall time beside it.
+    """
+
+    def __init__(self, raw: RawCsv) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._read, args=(raw,), name="dpone-csv-check", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, raw: RawCsv) -> None:
+        try:
+            for _ in raw.chunks(crlf=True):
+                pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            self._error = exc
+
+    def join(self) -> None:
+        """Wait for the read to end."""
+        self._thread.join()
+
+    def result(self) -> None:
+        """Re-raise what the read raised (after ``join``)."""
+        if self._error is not None:
+            raise self._error
 
 
 class _CsvBuffer:
@@ -642,8 +686,10 @@ class DuckDbConnector:
     ) -> MutationReport:
         """Write the rows and mark the fence committed in one transaction, or nothing."""
         table = self._plan_table(plan)
+        pass_through = True
 
         def body(conn: duckdb.DuckDBPyConnection) -> int:
+            count: int | None = None
             if prepare:
                 _prepare_in(conn, operation_id, intent_digest, epoch)
             # Write the fence row first: a seal running meanwhile conflicts with this
@@ -673,7 +719,11 @@ class DuckDbConnector:
                 _check_columns(existing, plan, table)
             else:
                 conn.execute(_create_sql(plan, table))
-            count = self._load(conn, plan, table, batches, operation_id=operation_id)
+            raw = raw_csv_of(batches) if pass_through else None
+            if raw is not None:
+                count = self._load_file(conn, plan, table, raw)
+            if raw is None or count is None:
+                count = self._load(conn, plan, table, batches, operation_id=operation_id)
             _audit(conn, plan, table, count, operation_id)
             _fence_write(
                 conn,
@@ -687,7 +737,12 @@ class DuckDbConnector:
             return count
 
         try:
-            count = self._write(body, action="mutate", operation_id=operation_id, retry=False)
+            try:
+                count = self._write(body, action="mutate", operation_id=operation_id, retry=False)
+            except _RowsInstead:
+                # Rolled back; the rows path reports the refused record as it always has.
+                pass_through = False
+                count = self._write(body, action="mutate", operation_id=operation_id, retry=False)
         except FenceUnavailable:
             # A conflict may mean the fence moved (a seal won): say so when it did.
             seen = self.observe(operation_id=operation_id)
@@ -699,6 +754,64 @@ class DuckDbConnector:
                 ) from None
             raise
         return MutationReport(row_count=count, content_digest=content_digest)
+
+    def _load_file(
+        self, conn: duckdb.DuckDBPyConnection, plan: LoadPlan, table: _Table, raw: RawCsv
+    ) -> int | None:
+        """Load the source file with DuckDB's own CSV reader; None: use the rows instead.
+
+        While DuckDB scans the file, a thread reads it too (``RawCsv.chunks``): hashed,
+        it must be the snapshot, and checked, it must hold RFC 4180 records that the
+        rows path reads the same way, as many as DuckDB loaded. After the scan the file
+        is hashed again and must still be the same file (``verify_unchanged``). All of it
+        runs inside the transaction: a changed file raises "source changed" and nothing
+        commits; a refusal rolls back and the rows path runs (``_RowsInstead``).
+        """
+        if raw.columns != tuple(c.name for c in plan.columns):
+            return None
+        # The line ending is left to DuckDB (LF or CRLF); the record count proves it
+        # read the records Python would.
+        scan = _csv_scan(plan, header=True, delimiter=raw.delimiter, new_line=None)
+        check = _FileCheck(raw)
+        failed: duckdb.Error | None = None
+        try:
+            count = self._apply(conn, plan, table, scan, str(raw.path))
+        except duckdb.Error as exc:
+            failed = exc
+        finally:
+            check.join()
+        try:
+            check.result()  # "source changed" wins over any other outcome
+        except RawCsvRefused:
+            raise _RowsInstead from None
+        if failed is not None:
+            raise _RowsInstead from failed
+        if count != raw.records():
+            raise _RowsInstead
+        raw.verify_unchanged()
+        raw.loaded(count)
+        return count
+
+    def _apply(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        plan: LoadPlan,
+        table: _Table,
+        scan: str,
+        path: str,
+    ) -> int:
+        """Apply the strategy with the rows of ``scan`` over ``path``; return their count."""
+        if plan.strategy is LoadStrategy.REPLACE:
+            conn.execute(f"DELETE FROM {table.sql}")
+        elif plan.strategy is LoadStrategy.REPLACE_INTERVAL:
+            self._delete_interval(conn, plan, table)
+        names = ", ".join(_q(c.name) for c in plan.columns)
+        if plan.strategy is LoadStrategy.MERGE:
+            return self._merge(conn, plan, table, scan, path)
+        row = conn.execute(
+            f"INSERT INTO {table.sql} ({names}) SELECT {names} FROM {scan}", [path]
+        ).fetchone()
+        return int(row[0]) if row else 0
 
     def _load(
         self,
@@ -713,20 +826,7 @@ class DuckDbConnector:
         buffer = _CsvBuffer()
         try:
             count = buffer.write(batches, width=len(plan.columns), operation_id=operation_id)
-            names = ", ".join(_q(c.name) for c in plan.columns)
-            scan = _csv_scan(plan)
-            if plan.strategy is LoadStrategy.REPLACE:
-                conn.execute(f"DELETE FROM {table.sql}")
-            elif plan.strategy is LoadStrategy.REPLACE_INTERVAL:
-                self._delete_interval(conn, plan, table)
-            if plan.strategy is not LoadStrategy.MERGE:
-                if count:
-                    conn.execute(
-                        f"INSERT INTO {table.sql} ({names}) SELECT {names} FROM {scan}",
-                        [buffer.path],
-                    )
-                return count
-            self._merge(conn, plan, table, scan, buffer.path)
+            self._apply(conn, plan, table, _csv_scan(plan), buffer.path)
             return count
         finally:
             buffer.discard()
@@ -751,13 +851,15 @@ class DuckDbConnector:
         table: _Table,
         scan: str,
         path: str,
-    ) -> None:
+    ) -> int:
+        """Upsert the scanned rows (the last of a repeated key wins); return their count."""
         names = ", ".join(_q(c.name) for c in plan.columns)
         keys = ", ".join(_q(k) for k in plan.key)
         # Staged in file order (rowid), so the last row of a repeated key wins, as in SQL
         # upserts applied one row after another.
         conn.execute("DROP TABLE IF EXISTS temp.dpone_stage")
         conn.execute(f"CREATE TEMP TABLE dpone_stage AS SELECT {names} FROM {scan}", [path])
+        staged = conn.execute("SELECT count(*) FROM temp.dpone_stage").fetchone()
         latest = (
             f"SELECT {names} FROM temp.dpone_stage "
             f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY rowid DESC) = 1"
@@ -780,6 +882,7 @@ class DuckDbConnector:
             )
             conn.execute(f"INSERT INTO {table.sql} ({names}) {latest}")
         conn.execute("DROP TABLE temp.dpone_stage")
+        return int(staged[0]) if staged else 0
 
     def observe(self, *, operation_id: str) -> FenceObservation:
         """Read the fence without writing (a missing file or fence table reads as ABSENT)."""

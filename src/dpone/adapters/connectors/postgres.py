@@ -46,6 +46,7 @@ from dpone.errors import (
     TargetWriteFailed,
 )
 from dpone.ports.connector import Rows, WithinTransaction
+from dpone.ports.source import RawCsv, RawCsvRefused, raw_csv_of
 
 __all__ = ["FENCE_TABLE", "PostgresConnector"]
 
@@ -506,6 +507,28 @@ def _copy_statement(target: sql.Composable, plan: _Plan) -> sql.Composed:
     return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT text, NULL '')").format(
         target, _column_list(plan.columns)
     )
+
+
+def _csv_copy_statement(target: sql.Composable, plan: _Plan, raw: RawCsv) -> sql.Composed:
+    # CSV's NULL is the unquoted empty field; FORCE_NULL makes a quoted "" NULL too, so
+    # every empty field is NULL, as in the rows path (NULL '' in text format).
+    columns = _column_list(plan.columns)
+    return sql.SQL(
+        "COPY {} ({}) FROM STDIN (FORMAT csv, HEADER true, DELIMITER {}, ENCODING 'UTF8', "
+        "FORCE_NULL ({}))"
+    ).format(target, columns, sql.Literal(raw.delimiter), columns)
+
+
+def _copy_file(cur: psycopg.Cursor[Any], statement: sql.Composed, raw: RawCsv) -> int:
+    """COPY the file's chunks under a savepoint; refuse a count other than Python's."""
+    with cur.connection.transaction():
+        with cur.copy(statement) as copy:
+            for chunk in raw.chunks(crlf=True):
+                copy.write(chunk)
+        count = cur.rowcount
+        if count != raw.records():  # the server read other records than Python would
+            raise RawCsvRefused("record count")
+    return count
 
 
 def _merge_statements(plan: _Plan) -> tuple[sql.Composed, sql.Composed]:
@@ -1002,9 +1025,39 @@ class PostgresConnector:
             create, upsert = _merge_statements(plan)
             cur.execute(create)
             target = sql.Identifier(_STAGE)
-        count = self._copy(cur, _copy_statement(target, plan), plan, batches, operation_id)
+        count = self._copy_raw(cur, target, plan, raw_plan, batches)
+        if count is None:
+            count = self._copy(cur, _copy_statement(target, plan), plan, batches, operation_id)
         if upsert is not None:
             cur.execute(upsert)
+        return count
+
+    def _copy_raw(
+        self,
+        cur: psycopg.Cursor[Any],
+        target: sql.Composable,
+        plan: _Plan,
+        raw_plan: LoadPlan,
+        batches: Rows,
+    ) -> int | None:
+        """Stream the source file's own bytes into ``COPY (FORMAT csv)``; None: use the rows.
+
+        Only when the stream offers the file (no row needs Python) and its header is the
+        plan's columns. The chunks are hashed and checked on the way (``RawCsv``): a
+        refused chunk, a record the server's parser rejects, or a row count other than
+        the records Python would read rolls back to the savepoint and the rows path
+        loads the file instead, with its own messages. A
+        file that is no longer the snapshot raises "source changed" and the whole
+        transaction rolls back.
+        """
+        raw = raw_csv_of(batches)
+        if raw is None or raw.columns != tuple(c.name for c in raw_plan.columns):
+            return None
+        try:
+            count = _copy_file(cur, _csv_copy_statement(target, plan, raw), raw)
+        except (RawCsvRefused, psycopg.errors.DataError):
+            return None
+        raw.loaded(count)
         return count
 
     def _copy(

@@ -25,6 +25,7 @@ __all__ = [
     "file_identity",
     "infer_type",
     "open_hashed_text",
+    "open_raw",
     "open_text",
 ]
 
@@ -89,7 +90,7 @@ class HashingReader(io.RawIOBase):
         return "sha256:" + self._digest.hexdigest()
 
 
-def _open_raw(path: Path) -> io.FileIO:
+def open_raw(path: Path) -> io.FileIO:
     try:
         return io.FileIO(path, "r")
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
@@ -111,7 +112,7 @@ def _text(raw: io.RawIOBase) -> TextIO:
 @contextmanager
 def open_hashed_text(path: Path) -> Iterator[tuple[TextIO, HashingReader]]:
     """Open ``path`` as UTF-8 text whose bytes are hashed as they are read."""
-    hashing = HashingReader(_open_raw(path))
+    hashing = HashingReader(open_raw(path))
     with _text(hashing) as text:
         yield text, hashing
 
@@ -119,7 +120,7 @@ def open_hashed_text(path: Path) -> Iterator[tuple[TextIO, HashingReader]]:
 @contextmanager
 def open_text(path: Path) -> Iterator[TextIO]:
     """Open ``path`` as UTF-8 text, for sampling (no hashing)."""
-    with _text(_open_raw(path)) as text:
+    with _text(open_raw(path)) as text:
         yield text
 
 

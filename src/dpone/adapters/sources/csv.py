@@ -19,10 +19,12 @@ from dpone.adapters.sources._common import (
     open_hashed_text,
     open_text,
 )
+from dpone.adapters.sources._passthrough import CsvFileBytes
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
+from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsv
 
-__all__ = ["CsvSource"]
+__all__ = ["CsvRows", "CsvSource"]
 
 Batch = list[tuple[object, ...]]
 
@@ -137,13 +139,18 @@ class CsvSource:
         # The csv module's messages describe the syntax problem, never the field's content.
         return SourceInvalid(f"{str(self._path)!r}: line {line} is not valid CSV ({exc})")
 
-    def batches(self, *, batch_size: int, expected_identity: str) -> Iterator[Batch]:
-        """Yield rows as tuples of strings; check the bytes read against the snapshot at the end.
+    def batches(self, *, batch_size: int, expected_identity: str) -> CsvRows:
+        """Return the rows as batches of string tuples (read lazily, see ``CsvRows``).
 
-        Raises:
+        The bytes read are checked against the snapshot at the end.
+
+        Raises (while iterating):
             SourceInvalid: a row has the wrong number of fields (its line is named), the file
                 is not valid CSV or UTF-8, or its content is not ``expected_identity``.
         """
+        return CsvRows(self, batch_size=batch_size, expected_identity=expected_identity)
+
+    def _rows(self, *, batch_size: int, expected_identity: str) -> Iterator[Batch]:
         if batch_size < 1:
             raise ConfigInvalid("batch_size must be at least 1", field="load.batch_size")
         names = [c.name for c in self.columns()]
@@ -172,6 +179,17 @@ class CsvSource:
                 yield batch
             check_identity(hashing, expected_identity, self._path)
 
+    def raw_csv(self, expected_identity: str) -> RawCsv | None:
+        """Return the file as raw bytes for a target's CSV parser, when the delimiter allows."""
+        if self._delimiter not in RAW_CSV_DELIMITERS:
+            return None
+        return CsvFileBytes(
+            self._path,
+            delimiter=self._delimiter,
+            columns=tuple(c.name for c in self.columns()),
+            expected_identity=expected_identity,
+        )
+
     def _without_blank_rows(self, batch: Batch, width: int, *, first_row: int) -> Batch:
         for index, row in enumerate(batch):
             if row and len(row) != width:
@@ -190,3 +208,27 @@ class CsvSource:
             for _ in islice(reader, row_index + 2):  # the header, then rows up to the one
                 pass
             return reader.line_num
+
+
+class CsvRows:
+    """One read of a ``CsvSource``: an iterator of row batches that also offers the file.
+
+    Nothing is read until the first batch is asked for, so a connector may take the
+    file's raw bytes instead (``raw_csv()``, see ``dpone.ports.source.RawCsv``) and
+    still fall back to iterating the rows when the bytes are refused.
+    """
+
+    def __init__(self, source: CsvSource, *, batch_size: int, expected_identity: str) -> None:
+        self._source = source
+        self._expected = expected_identity
+        self._rows = source._rows(batch_size=batch_size, expected_identity=expected_identity)
+
+    def __iter__(self) -> CsvRows:
+        return self
+
+    def __next__(self) -> Batch:
+        return next(self._rows)
+
+    def raw_csv(self) -> RawCsv | None:
+        """Return the source file as a ``RawCsv``, or None when it cannot pass through."""
+        return self._source.raw_csv(self._expected)

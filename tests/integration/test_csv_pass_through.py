@@ -1,0 +1,460 @@
+"""The CSV pass-through: the file's own bytes into PostgreSQL COPY and DuckDB read_csv.
+
+Each target loads the same file twice, once by pass-through and once by the rows path
+(Python's csv module), and the tables must be identical. A file that changed after its
+identity was taken never commits; files the target's parser could read differently fall
+back to the rows path; every strategy keeps working; counts are right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg
+import pytest
+
+from dpone.adapters.connectors.duckdb import DuckDbConnector
+from dpone.adapters.connectors.postgres import PostgresConnector
+from dpone.adapters.sources._passthrough import CsvFileBytes
+from dpone.adapters.sources.csv import CsvSource
+from dpone.contracts.fence import FenceStatus
+from dpone.contracts.identity import parse_interval
+from dpone.contracts.load import Column, ColumnType, LoadPlan, LoadStrategy
+from dpone.errors import SourceInvalid, TargetWriteFailed
+from dpone.ports.source import raw_csv_of
+from dpone.runtime.rows import RowTally, counted, within_interval
+
+TYPES = {"id": "integer", "name": "text", "amount": "real", "note": "text"}
+COLUMNS = tuple(Column(name=n, type=ColumnType(t)) for n, t in TYPES.items())
+
+# Quotes, doubled quotes, delimiters and line breaks inside quotes, empty fields quoted
+# and not, surrounding spaces, unicode, a byte order mark, no newline at the end.
+TRICKY = (
+    "\ufeffid,name,amount,note\n"
+    '1,"say ""hi""",1.5,plain\n'
+    '2,"a,b","2","line one\nline two"\n'
+    '3,,,""\n'
+    '4,"  ",,  spaced  \n'
+    '5,Ünïcødé 日本 ✓,-0.25,"""lead"\n'
+    '6,"trail""",1e3,"x""y""z"\n'
+    '7,"",,"\n"\n'
+    "8,it's,3,'single'"
+)
+
+_ops = count(1)
+_started: list[str] = []  # operation ids, latest last
+
+
+def _op() -> tuple[str, str]:
+    n = next(_ops)
+    return (
+        "sha256:" + hashlib.sha256(f"pt-op{n}".encode()).hexdigest(),
+        "sha256:" + hashlib.sha256(f"pt-intent{n}".encode()).hexdigest(),
+    )
+
+
+@pytest.fixture
+def passed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Row counts reported by pass-through loads (empty: every load took the rows path)."""
+    calls: list[int] = []
+    monkeypatch.setattr(CsvFileBytes, "loaded", lambda self, rows: calls.append(rows))
+    return calls
+
+
+def _write(path: Path, text: str, *, newline: str = "\n") -> Path:
+    path.write_bytes(text.replace("\n", newline).encode("utf-8"))
+    return path
+
+
+def _plan(table: str, strategy: LoadStrategy = LoadStrategy.APPEND, **kw: Any) -> LoadPlan:
+    return LoadPlan(table=table, strategy=strategy, columns=COLUMNS, **kw)
+
+
+def _mutate(
+    connector: Any,
+    path: Path,
+    plan: LoadPlan,
+    *,
+    raw: bool,
+    identity: str | None = None,
+) -> tuple[int, int, str]:
+    """Load ``path``; return (reported count, tallied rows, operation id)."""
+    source = CsvSource(path, columns=TYPES)
+    identity = identity or source.snapshot_identity()
+    rows = source.batches(batch_size=3, expected_identity=identity)
+    tally = RowTally()
+    stream = counted(rows if raw else (b for b in rows), tally, None)
+    assert (raw_csv_of(stream) is not None) is raw
+    op, intent = _op()
+    _started.append(op)
+    report = connector.mutate(
+        operation_id=op,
+        intent_digest=intent,
+        epoch=1,
+        plan=plan,
+        batches=stream,
+        content_digest=identity,
+        prepare=True,
+    )
+    return report.row_count or 0, tally.rows, op
+
+
+# ----------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture
+def pg(pg_available: str, pg_schema: str) -> tuple[str, str]:
+    return pg_available, pg_schema
+
+
+def _pg_connector(pg: tuple[str, str], table: str) -> PostgresConnector:
+    dsn, schema = pg
+    return PostgresConnector(dsn, table=f"{schema}.{table}", fence_schema=schema)
+
+
+def _pg_rows(pg: tuple[str, str], table: str) -> list[tuple[Any, ...]]:
+    dsn, schema = pg
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(f'SELECT * FROM "{schema}".{table} ORDER BY id').fetchall()
+
+
+def _pg_both(pg: tuple[str, str], path: Path, passed: list[int]) -> list[tuple[Any, ...]]:
+    """Load ``path`` by both paths; assert identical tables; return the rows."""
+    schema = pg[1]
+    results = []
+    for table, raw in (("by_file", True), ("by_rows", False)):
+        connector = _pg_connector(pg, table)
+        try:
+            reported, tallied, _ = _mutate(connector, path, _plan(f"{schema}.{table}"), raw=raw)
+        finally:
+            connector.close()
+        results.append((reported, tallied, _pg_rows(pg, table)))
+    assert results[0] == results[1]
+    assert results[0][0] == results[0][1] == len(results[0][2])
+    return results[0][2]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_pg_tricky_csv_loads_identically_by_file_and_by_rows(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int], newline: str
+) -> None:
+    path = _write(tmp_path / "tricky.csv", TRICKY, newline=newline)
+    rows = _pg_both(pg, path, passed)
+    assert passed == [8]  # the file went through COPY (FORMAT csv) once, 8 rows
+    inner = "\n" if newline == "\n" else "\r\n"  # line breaks inside quotes are kept as is
+    assert rows[0] == (1, 'say "hi"', 1.5, "plain")
+    assert rows[1] == (2, "a,b", 2.0, f"line one{inner}line two")
+    assert rows[2] == (3, None, None, None)  # empty, quoted or not, is NULL
+    assert rows[3] == (4, "  ", None, "  spaced  ")
+    assert rows[4][1] == "Ünïcødé 日本 ✓"
+    assert rows[6] == (7, None, None, inner)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '1,ab"c,1,"d\n2,x,2,y\n',  # a quote inside an unquoted field is data for Python
+        "1,a,1,b\n\n2,x,2,y\n",  # a blank line is skipped by the rows path
+        "1,a,1,b\n\\.\n2,x,2,y\n",  # PostgreSQL's end-of-data marker
+        "1,a,1,b\r2,x,2,y\n",  # a lone CR ends a record for Python
+        '1,"a" "b",1,c\n',  # text after a closing quote, then a quote
+    ],
+)
+def test_pg_files_a_server_could_read_differently_take_the_rows_path(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int], body: str
+) -> None:
+    path = _write(tmp_path / "odd.csv", "id,name,amount,note\n" + body)
+    schema = pg[1]
+    outcomes = []
+    for table, raw in (("by_file", True), ("by_rows", False)):
+        connector = _pg_connector(pg, table)
+        try:
+            _mutate(connector, path, _plan(f"{schema}.{table}"), raw=raw)
+            outcomes.append(_pg_rows(pg, table))
+        except SourceInvalid as exc:
+            outcomes.append([str(exc)])
+        finally:
+            connector.close()
+    assert passed == []
+    assert outcomes[0] == outcomes[1]
+
+
+def test_pg_a_bad_record_is_reported_by_the_rows_path(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int]
+) -> None:
+    path = _write(tmp_path / "short.csv", "id,name,amount,note\n1,a,1,b\n2,x\n")
+    connector = _pg_connector(pg, "t")
+    try:
+        with pytest.raises(SourceInvalid, match="line 3 has 2 fields"):
+            _mutate(connector, path, _plan(f"{pg[1]}.t"), raw=True)
+    finally:
+        connector.close()
+    assert passed == []
+
+
+def test_pg_a_file_changed_after_its_identity_never_commits(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int]
+) -> None:
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    identity = CsvSource(path, columns=TYPES).snapshot_identity()
+    _write(path, "id,name,amount,note\n1,a,1,b\n2,x,2,CHANGED\n")
+    connector = _pg_connector(pg, "t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan(f"{pg[1]}.t"), raw=True, identity=identity)
+    finally:
+        connector.close()
+    assert passed == []
+    dsn, schema = pg
+    with psycopg.connect(dsn) as conn:
+        fence = conn.execute(f'SELECT state FROM "{schema}".dpone_fence').fetchall()
+        table = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = 't'", (schema,)
+        ).fetchone()
+    assert fence == []  # the fence raise rolled back with the write
+    assert table == (0,)  # so did the table created for the load
+
+
+def test_pg_a_record_count_the_server_disagrees_with_takes_the_rows_path(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    monkeypatch.setattr(CsvFileBytes, "records", lambda self: 3)
+    connector = _pg_connector(pg, "t")
+    try:
+        assert _mutate(connector, path, _plan(f"{pg[1]}.t"), raw=True)[:2] == (2, 2)
+    finally:
+        connector.close()
+    assert passed == []
+    assert len(_pg_rows(pg, "t")) == 2  # the savepoint undid the COPY; the rows loaded once
+
+
+def test_pg_a_mixed_case_header_passes_through_into_folded_columns(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int]
+) -> None:
+    path = _write(tmp_path / "a.csv", "Id,Name\n1,a\n2,b\n")
+    source = CsvSource(path, columns={"Id": "integer", "Name": "text"})
+    identity = source.snapshot_identity()
+    tally = RowTally()
+    plan = LoadPlan(table=f"{pg[1]}.mixed", strategy=LoadStrategy.APPEND, columns=source.columns())
+    op, intent = _op()
+    connector = _pg_connector(pg, "mixed")
+    try:
+        connector.mutate(
+            operation_id=op,
+            intent_digest=intent,
+            epoch=1,
+            plan=plan,
+            batches=counted(source.batches(batch_size=10, expected_identity=identity), tally, None),
+            content_digest=identity,
+            prepare=True,
+        )
+    finally:
+        connector.close()
+    assert passed == [2]
+    assert tally.rows == 2
+    assert _pg_rows(pg, "mixed") == [(1, "a"), (2, "b")]
+
+
+def test_pg_merge_and_replace_pass_through(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int]
+) -> None:
+    schema = pg[1]
+    first = _write(tmp_path / "1.csv", "id,name,amount,note\n1,a,1,x\n2,b,2,x\n")
+    second = _write(tmp_path / "2.csv", "id,name,amount,note\n2,B,20,y\n3,c,3,y\n2,BB,21,y\n")
+    merge = _plan(f"{schema}.m", LoadStrategy.MERGE, key=("id",))
+    connector = _pg_connector(pg, "m")
+    try:
+        assert _mutate(connector, first, merge, raw=True)[:2] == (2, 2)
+        assert _mutate(connector, second, merge, raw=True)[:2] == (3, 3)
+    finally:
+        connector.close()
+    assert _pg_rows(pg, "m") == [(1, "a", 1.0, "x"), (2, "BB", 21.0, "y"), (3, "c", 3.0, "y")]
+    connector = _pg_connector(pg, "r")
+    try:
+        _mutate(connector, first, _plan(f"{schema}.r", LoadStrategy.REPLACE), raw=True)
+        _mutate(connector, second, _plan(f"{schema}.r", LoadStrategy.REPLACE), raw=True)
+    finally:
+        connector.close()
+    assert [r[0] for r in _pg_rows(pg, "r")] == [2, 2, 3]
+    assert passed == [2, 3, 2, 3]
+
+
+# ----------------------------------------------------------------- DuckDB
+
+
+def _duck_rows(db: Path, table: str) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(db), read_only=True) as conn:
+        rows: list[tuple[Any, ...]] = conn.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()
+        return rows
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_duckdb_tricky_csv_loads_identically_by_file_and_by_rows(
+    tmp_path: Path, passed: list[int], newline: str
+) -> None:
+    path = _write(tmp_path / "tricky.csv", TRICKY, newline=newline)
+    results = []
+    for table, raw in (("by_file", True), ("by_rows", False)):
+        db = tmp_path / f"{table}.duckdb"
+        connector = DuckDbConnector(db, table=table)
+        try:
+            reported, tallied, _ = _mutate(connector, path, _plan(table), raw=raw)
+        finally:
+            connector.close()
+        results.append((reported, tallied, _duck_rows(db, table)))
+    assert passed == [8]
+    assert results[0] == results[1]
+    rows = results[0][2]
+    assert rows[1] == (2, "a,b", 2.0, f"line one{newline}line two")
+    assert rows[2] == (3, None, None, None)
+    assert rows[3] == (4, "  ", None, "  spaced  ")
+    assert rows[4][1] == "Ünïcødé 日本 ✓"
+
+
+def test_duckdb_a_record_count_the_reader_disagrees_with_takes_the_rows_path(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were a target's parser to read other records than Python, the count gives it away."""
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    monkeypatch.setattr(CsvFileBytes, "records", lambda self: 3)
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (2, 2)
+    finally:
+        connector.close()
+    assert passed == []
+    assert len(_duck_rows(db, "t")) == 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '1,ab"c,1,"d\n2,x,2,y\n',  # a quote inside an unquoted field is data for Python
+        "1,a,1,b\n\n2,x,2,y\n",  # a blank line is skipped by the rows path
+    ],
+)
+def test_duckdb_files_a_reader_could_read_differently_take_the_rows_path(
+    tmp_path: Path, passed: list[int], body: str
+) -> None:
+    """DuckDB has scanned the file when the check refuses it: all of that rolls back."""
+    path = _write(tmp_path / "odd.csv", "id,name,amount,note\n" + body)
+    tables = []
+    for table, raw in (("by_file", True), ("by_rows", False)):
+        db = tmp_path / f"{table}.duckdb"
+        connector = DuckDbConnector(db, table=table)
+        try:
+            _mutate(connector, path, _plan(table), raw=raw)
+        finally:
+            connector.close()
+        tables.append(_duck_rows(db, table))
+    assert passed == []
+    assert tables[0] == tables[1]
+
+
+def test_duckdb_a_file_changed_during_the_transaction_never_commits(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is hashed, then scanned by DuckDB, then changed: the re-check refuses it."""
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    original = CsvFileBytes.chunks
+
+    def chunks_then_change(self: CsvFileBytes, *, crlf: bool) -> Iterator[bytes]:
+        yield from original(self, crlf=crlf)
+        path.write_bytes(path.read_bytes().replace(b"2,x,2,y", b"2,x,2,z"))
+
+    monkeypatch.setattr(CsvFileBytes, "chunks", chunks_then_change)
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan("t"), raw=True)
+        assert connector.observe(operation_id=_started[-1]).status is FenceStatus.ABSENT
+    finally:
+        connector.close()
+    with duckdb.connect(str(db), read_only=True) as conn:
+        tables = conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 't'")
+        assert tables.fetchone() == (0,)  # the table created for the load rolled back too
+
+
+def test_duckdb_a_file_changed_after_its_identity_never_commits(
+    tmp_path: Path, passed: list[int]
+) -> None:
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n")
+    identity = CsvSource(path, columns=TYPES).snapshot_identity()
+    _write(path, "id,name,amount,note\n1,a,1,B\n")
+    connector = DuckDbConnector(tmp_path / "t.duckdb", table="t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan("t"), raw=True, identity=identity)
+    finally:
+        connector.close()
+    assert passed == []
+
+
+def test_duckdb_a_value_duckdb_refuses_is_reported_as_by_the_rows_path(
+    tmp_path: Path, passed: list[int]
+) -> None:
+    path = _write(tmp_path / "bad.csv", "id,name,amount,note\n1,a,1,b\n2,x,notanumber,y\n")
+    errors = []
+    for table, raw in (("by_file", True), ("by_rows", False)):
+        connector = DuckDbConnector(tmp_path / f"{table}.duckdb", table=table)
+        try:
+            with pytest.raises(TargetWriteFailed) as caught:
+                _mutate(connector, path, _plan(table), raw=raw)
+            errors.append(type(caught.value))
+        finally:
+            connector.close()
+    assert errors[0] is errors[1]
+    assert passed == []
+
+
+def test_duckdb_merge_and_replace_pass_through(tmp_path: Path, passed: list[int]) -> None:
+    first = _write(tmp_path / "1.csv", "id,name,amount,note\n1,a,1,x\n2,b,2,x\n")
+    second = _write(tmp_path / "2.csv", "id,name,amount,note\n2,B,20,y\n3,c,3,y\n2,BB,21,y\n")
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="m")
+    try:
+        merge = _plan("m", LoadStrategy.MERGE, key=("id",))
+        assert _mutate(connector, first, merge, raw=True)[:2] == (2, 2)
+        assert _mutate(connector, second, merge, raw=True)[:2] == (3, 3)
+    finally:
+        connector.close()
+    assert _duck_rows(db, "m") == [(1, "a", 1.0, "x"), (2, "BB", 21.0, "y"), (3, "c", 3.0, "y")]
+    connector = DuckDbConnector(db, table="r")
+    try:
+        _mutate(connector, first, _plan("r", LoadStrategy.REPLACE), raw=True)
+        _mutate(connector, second, _plan("r", LoadStrategy.REPLACE), raw=True)
+    finally:
+        connector.close()
+    assert [r[0] for r in _duck_rows(db, "r")] == [2, 2, 3]
+    assert passed == [2, 3, 2, 3]
+
+
+# ----------------------------------------------------------------- the offer itself
+
+
+def test_an_interval_filter_or_a_started_stream_offers_no_file(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n")
+    source = CsvSource(path, columns=TYPES)
+    identity = source.snapshot_identity()
+    day = parse_interval("2026-11-01/2026-11-02")
+    filtered = within_interval(
+        source.batches(batch_size=10, expected_identity=identity),
+        index=0,
+        column="id",
+        interval=day,
+        tally=RowTally(),
+    )
+    assert raw_csv_of(counted(filtered, RowTally(), None)) is None
+    stream = counted(source.batches(batch_size=10, expected_identity=identity), RowTally(), None)
+    next(stream)
+    assert raw_csv_of(stream) is None
+    other = CsvSource(path, columns=TYPES, delimiter=":")
+    assert other.raw_csv(identity) is None
