@@ -23,6 +23,9 @@
     +-- IllegalTransition            DPONE_JOURNAL_ILLEGAL_TRANSITION     TERMINAL
     +-- FencedOut                    DPONE_TARGET_FENCED_OUT              TRANSIENT
     +-- InjectedFault                DPONE_INJECTED_FAULT                 TRANSIENT
+    +-- ObjectStoreUnavailable       DPONE_OBJECT_STORE_UNAVAILABLE       TRANSIENT
+    +-- PublicationRefused           DPONE_PUBLICATION_REFUSED            TERMINAL
+    +-- PublishConflict              DPONE_PUBLICATION_CONFLICT           TERMINAL
 
 Errors never carry SQL text, row values, credentials or URLs: only the fields
 listed in ``SAFE_FIELDS``. They pickle (for multiprocessing and Airflow) and
@@ -50,7 +53,10 @@ __all__ = [
     "JournalUnavailable",
     "LeaseHeld",
     "LeaseLost",
+    "ObjectStoreUnavailable",
     "OperationNotFound",
+    "PublicationRefused",
+    "PublishConflict",
     "RecoveryConflict",
     "RecoveryRefused",
     "Retryability",
@@ -86,6 +92,9 @@ class ErrorCode(str, enum.Enum):
     ILLEGAL_TRANSITION = "DPONE_JOURNAL_ILLEGAL_TRANSITION"
     FENCED_OUT = "DPONE_TARGET_FENCED_OUT"
     INJECTED_FAULT = "DPONE_INJECTED_FAULT"
+    OBJECT_STORE_UNAVAILABLE = "DPONE_OBJECT_STORE_UNAVAILABLE"
+    PUBLICATION_REFUSED = "DPONE_PUBLICATION_REFUSED"
+    PUBLICATION_CONFLICT = "DPONE_PUBLICATION_CONFLICT"
 
 
 class Retryability(str, enum.Enum):
@@ -338,3 +347,24 @@ class InjectedFault(DponeError):
 
     code = ErrorCode.INJECTED_FAULT
     retryability = Retryability.TRANSIENT
+
+
+class ObjectStoreUnavailable(DponeError):
+    """An object store could not be reached or answered with an error (retry later)."""
+
+    code = ErrorCode.OBJECT_STORE_UNAVAILABLE
+    retryability = Retryability.TRANSIENT
+
+
+class PublicationRefused(DponeError):
+    """Reconcile refused a generation: incomplete, mixed, corrupt or failing an audit."""
+
+    code = ErrorCode.PUBLICATION_REFUSED
+    retryability = Retryability.TERMINAL
+
+
+class PublishConflict(DponeError):
+    """Another publisher moved the ``current`` pointer first; this publish did not happen."""
+
+    code = ErrorCode.PUBLICATION_CONFLICT
+    retryability = Retryability.TERMINAL
