@@ -52,6 +52,10 @@ FAILPOINT_NAMES: tuple[str, ...] = (
     "after:recovery.seal",
     "before:recovery.apply",
     "after:recovery.apply",
+    "before:publication.manifest",
+    "after:publication.manifest",
+    "before:publication.current",
+    "after:publication.current",
 )
 
 _ACTION_RE = re.compile(r"^(kill|raise|hang|sleep\((\d+(?:\.\d+)?)\))(?:@(\d+))?$")
