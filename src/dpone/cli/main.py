@@ -20,6 +20,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from dpone.cli.publication import is_publication_workload, publication_app, write_publication
 from dpone.contracts.states import CommitState
 from dpone.errors import (
     CommittedIncomplete,
@@ -46,6 +47,7 @@ journal_app = typer.Typer(help="Read the operation journal.", no_args_is_help=Tr
 recovery_app.add_typer(target_commit_app, name="target-commit")
 app.add_typer(recovery_app, name="recovery")
 app.add_typer(journal_app, name="journal")
+app.add_typer(publication_app, name="publication")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -189,8 +191,25 @@ def run(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
 ) -> None:
-    """Run one operation of WORKLOAD for an interval: write once, resume, or replay."""
+    """Run one operation of WORKLOAD for an interval: write once, resume, or replay.
+
+    A publication workload runs whole: every partition, reconcile, publish (with
+    --partition: that one partition only, as a mapped task).
+    """
     from dpone.api import run_operation
+
+    with _boundary(as_json):
+        publication = is_publication_workload(workload)
+    if publication:
+        write_publication(
+            workload,
+            interval=interval,
+            backfill=None,
+            partitions=[partition] if partition else None,
+            as_json=as_json,
+            publish=partition is None,
+        )
+        return
 
     _setup_logging(log_format, quiet)
     show = err.is_terminal if progress is None else progress

@@ -57,6 +57,7 @@ from .workload import (
 __all__ = ["Publication", "open_store"]
 
 _BACKFILL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_=-]{0,127}")
 
 
 def open_store(
@@ -72,7 +73,9 @@ def open_store(
         from dpone.adapters.objectstores.s3 import S3ObjectStore
     except ImportError:
         raise ConfigInvalid(
-            "an s3 store needs the s3 extra", field="publication.store", hint="pip install 'dpone[s3]'"
+            "an s3 store needs the s3 extra",
+            field="publication.store",
+            hint="pip install 'dpone[s3]'",
         ) from None
 
     def env(name: str | None, what: str) -> str | None:
@@ -124,12 +127,21 @@ def _partitions(workload: Workload, config: PublicationConfig, window: Interval)
     if config.partitions is not None:
         return tuple(config.partitions)
     raw = workload.source.path
-    pattern = str(workload.resolve_path(raw.format(partition="*", start=window.start, end=window.end)))
+    pattern = str(
+        workload.resolve_path(raw.format(partition="*", start=window.start, end=window.end))
+    )
     shape = re.compile(re.escape(pattern).replace(r"\*", "([^/]+)"))
     found = []
     for match in sorted(glob.glob(pattern)):
         matched = shape.fullmatch(match)
         if matched is not None:
+            if not _PARTITION_NAME.fullmatch(matched.group(1)):
+                raise ConfigInvalid(
+                    f"source file {match} gives partition name {matched.group(1)!r}, which is "
+                    "not letters, digits, '_', '=' or '-'",
+                    field="publication.partitions_from_source",
+                    hint="rename the file or list publication.partitions explicitly",
+                )
             found.append(matched.group(1))
     if not found:
         raise ConfigInvalid(
@@ -285,7 +297,11 @@ class Publication:
         spec = replace(
             spec,
             intent_digest=digest_of(
-                {"base": spec.intent_digest, "publication": publication, "manifest": source_manifest}
+                {
+                    "base": spec.intent_digest,
+                    "publication": publication,
+                    "manifest": source_manifest,
+                }
             ),
         )
         protocol = CommitProtocol(

@@ -244,7 +244,7 @@ class PublicationTargetConfig(_Model):
     kind: Literal["publication"]
 
 
-_PARTITION_RE = r"[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}"
+_PARTITION_RE = r"^[A-Za-z0-9][A-Za-z0-9_=-]{0,127}$"
 
 
 class LocalStoreConfig(_Model):
@@ -273,7 +273,7 @@ class S3StoreConfig(_Model):
 
 
 class AuditConfig(_Model):
-    min_rows: int = Field(0, ge=0)
+    min_rows: int = Field(default=0, ge=0)
     not_null: list[Identifier] = Field(default_factory=list)
 
     @field_validator("not_null")
@@ -308,7 +308,10 @@ class PublicationConfig(_Model):
             return None
         from dpone.contracts.identity import parse_interval
 
-        return parse_interval(value).canonical()
+        try:
+            return parse_interval(value).canonical()
+        except ConfigInvalid as exc:
+            raise ValueError(exc.message) from None
 
     @model_validator(mode="after")
     def _one_partition_set(self) -> PublicationConfig:
@@ -519,7 +522,6 @@ _UNION_TAGS = frozenset(
         "duckdb",
         "jsonl_append",
         "plugin",
-        "publication",
         "local",
         "s3",
     }

@@ -207,8 +207,7 @@ class PublicationService:
         if problems:
             raise PublicationRefused(
                 f"generation {layout.generation} of {spec.dataset} "
-                f"{spec.interval.canonical()} cannot be published:\n  - "
-                + "\n  - ".join(problems),
+                f"{spec.interval.canonical()} cannot be published:\n  - " + "\n  - ".join(problems),
                 hint="rerun the missing or failed partitions with the same interval (same "
                 "generation), then reconcile again; readers stay on the current manifest",
             )
@@ -478,4 +477,3 @@ class PublicationService:
                         self._store.delete(obj.key)
                         count += 1
         return CleanupReport(deleted=tuple(deleted), kept=kept, objects_deleted=count)
-

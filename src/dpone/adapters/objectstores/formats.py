@@ -154,4 +154,6 @@ def open_format(name: str) -> TableFormatPort:
                 hint="pip install 'dpone[parquet]'",
             ) from None
         return ParquetFormat()
-    raise ConfigInvalid(f"unknown format {name!r}", field="publication.format", hint="use parquet or csv")
+    raise ConfigInvalid(
+        f"unknown format {name!r}", field="publication.format", hint="use parquet or csv"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import obstore
 from obstore import exceptions as oe
@@ -80,7 +80,7 @@ class S3ObjectStore:
             self._store = S3Store(
                 bucket,
                 prefix=self._prefix or None,
-                config=config,
+                config=cast(Any, config),
                 client_options={
                     "allow_http": bool(endpoint and endpoint.startswith("http://")),
                     "timeout": timedelta(seconds=timeout_s),
