@@ -64,19 +64,29 @@ class ParquetFormat:
         return sink.getvalue(), rows
 
     def inspect(self, data: bytes) -> PartitionStats:
-        """Read the footer (row count) and the columns' null counts."""
+        """Row count and null counts from the footer (column statistics), no data pages."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
-            table = pq.read_table(io.BytesIO(data))
+            meta = pq.ParquetFile(io.BytesIO(data)).metadata
+            names = tuple(meta.schema.to_arrow_schema().names)
+            nulls = dict.fromkeys(names, 0)
+            unknown: set[str] = set()
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                for i, name in enumerate(names):
+                    stats = group.column(i).statistics
+                    if stats is None or not stats.has_null_count:
+                        unknown.add(name)
+                    else:
+                        nulls[name] += stats.null_count
+            for name in unknown:  # no statistics written: count from the column itself
+                column = pq.read_table(io.BytesIO(data), columns=[name]).column(0)
+                nulls[name] = column.null_count
         except (pa.ArrowInvalid, OSError):
             raise PublicationRefused("a partition file is not readable Parquet") from None
-        return PartitionStats(
-            rows=table.num_rows,
-            columns=tuple(table.column_names),
-            null_counts={name: table.column(name).null_count for name in table.column_names},
-        )
+        return PartitionStats(rows=meta.num_rows, columns=names, null_counts=nulls)
 
     def decode(self, data: bytes) -> tuple[tuple[str, ...], list[tuple[object, ...]]]:
         """All rows as tuples."""

@@ -1,0 +1,123 @@
+"""Publishing partitions into the local store against writing the same Parquet files plainly.
+
+64 tenant partitions of 100k CSV rows each (issue 7 budget: ratio at most 1.10).
+
+- publication: `dpone publication run` as a whole process: pin the source manifest, each
+  partition its own operation (SQLite journal, staging_generation writer, fsync'd object
+  + checksum record), reconcile (every object re-read and hashed, footers checked), write
+  the manifest, move `current`.
+- plain: one process reading the same CSV files with the same parser and writing the same
+  Parquet files (same encoder) into a directory, no journal, no fsync, no checks.
+
+Both alternate, best of N. Usage: python bench/bench_publication.py [--partitions 64]
+[--rows 100000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLAIN = r"""
+import sys
+from pathlib import Path
+from dpone.adapters.objectstores.formats import ParquetFormat
+from dpone.adapters.sources.csv import CsvSource
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+columns = {"id": "text", "tenant": "text", "amount": "real"}
+out.mkdir(parents=True, exist_ok=True)
+fmt = ParquetFormat()
+for path in sorted((root / "in").glob("*.csv")):
+    source = CsvSource(path, columns=columns)
+    batches = source.batches(batch_size=10_000, expected_identity=source.snapshot_identity())
+    data, _rows = fmt.encode(source.columns(), batches)
+    (out / (path.stem + ".parquet")).write_bytes(data)
+"""
+
+
+def write_sources(root: Path, partitions: int, rows: int) -> None:
+    (root / "in").mkdir(parents=True)
+    for p in range(partitions):
+        tenant = f"t{p:03d}"
+        with (root / "in" / f"{tenant}.csv").open("w", encoding="utf-8") as fh:
+            fh.write("id,tenant,amount\n")
+            fh.writelines(f"{tenant}-{n},{tenant},{n % 997}.25\n" for n in range(rows))
+
+
+def workload(root: Path, lake: Path, journal: Path) -> Path:
+    data = {
+        "workload": "bench_report",
+        "release": "bench",
+        "deployment": "bench",
+        "journal": f"sqlite:///{journal}",
+        "source": {
+            "kind": "csv",
+            "path": "in/{partition}.csv",
+            "columns": {"id": "text", "tenant": "text", "amount": "real"},
+        },
+        "publication": {
+            "dataset": "bench_report",
+            "interval": "2026-11-01/2026-11-02",
+            "store": {"kind": "local", "path": str(lake)},
+            "format": "parquet",
+            "partitions_from_source": True,
+            "audits": {"min_rows": 1, "not_null": ["id"]},
+        },
+    }
+    path = root / "pub.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def timed(argv: list[str], cwd: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--partitions", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="dpone-bench-pub-"))
+    try:
+        write_sources(root, args.partitions, args.rows)
+        pub, plain = [], []
+        for i in range(args.repeat):
+            lake, journal, out = root / f"lake{i}", root / f"journal{i}.db", root / f"plain{i}"
+            path = workload(root, lake, journal)
+            plain.append(timed([sys.executable, "-c", PLAIN, str(root), str(out)], root))
+            pub.append(
+                timed([sys.executable, "-m", "dpone", "publication", "run", str(path)], root)
+            )
+            shutil.rmtree(lake)
+            shutil.rmtree(out)
+        best_pub, best_plain = min(pub), min(plain)
+        rows = args.partitions * args.rows
+        print(
+            json.dumps(
+                {
+                    "partitions": args.partitions,
+                    "rows": rows,
+                    "publication_s": round(best_pub, 3),
+                    "plain_s": round(best_plain, 3),
+                    "ratio": round(best_pub / best_plain, 3),
+                    "publication_all_s": [round(x, 3) for x in pub],
+                    "plain_all_s": [round(x, 3) for x in plain],
+                }
+            )
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
