@@ -114,15 +114,7 @@ def _timed(check: Check, progress: Progress) -> Iterator[Check]:
         progress(check.name, check.status)
 
 
-def certify(
-    workload_path: Path,
-    *,
-    out_dir: Path | None = None,
-    progress: Progress | None = None,
-) -> tuple[Certification, Path]:
-    """Certify the route of ``workload_path``; write the evidence and return it and its path."""
-    report = progress or (lambda _name, _status: None)
-    workload = load_workload(workload_path)
+def _certifiable(workload: Workload) -> Workload:
     if workload.publication is not None:
         raise ConfigInvalid(
             "dpone certify checks one target connector's fence; a publication workload has a "
@@ -131,6 +123,18 @@ def certify(
             field="target.kind",
             hint="certify a workload whose target is a database",
         )
+    return workload
+
+
+def certify(
+    workload_path: Path,
+    *,
+    out_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> tuple[Certification, Path]:
+    """Certify the route of ``workload_path``; write the evidence and return it and its path."""
+    report = progress or (lambda _name, _status: None)
+    workload = _certifiable(load_workload(workload_path))
     scratch_table = f"dpone_certify_{secrets.token_hex(4)}"
     probe_workload = _scratch_workload(workload, workload_path, scratch_table, "probe")
     checks = [

@@ -242,3 +242,6 @@ def test_cli_publication_commands(tmp_path: Path) -> None:
     )
     assert other.returncode == 2
     assert "differs from the workload's fixed" in other.stderr
+    certify = run_dpone(["certify", "pub.yaml", "--json"], cwd=tmp_path)
+    assert certify.returncode == 2
+    assert json.loads(certify.stdout)["error"]["field"] == "target.kind"

@@ -9,13 +9,14 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import cast
 
 from dpone.contracts.identity import Interval, digest_of, parse_interval
+from dpone.contracts.load import Column
 from dpone.contracts.publication import (
     Manifest,
     PartitionLayout,
@@ -26,6 +27,7 @@ from dpone.contracts.result import OperationResult
 from dpone.errors import ConfigInvalid
 from dpone.ports.journal import CommitJournalPort
 from dpone.ports.object_store import ObjectStorePort
+from dpone.ports.source import SourcePort
 from dpone.publication.service import (
     Audits,
     CleanupReport,
@@ -162,6 +164,34 @@ def _check_backfill(backfill: str | None) -> str | None:
     return backfill
 
 
+class _HashedSource:
+    """A source whose snapshot identity is computed once (the manifest and the plan share it).
+
+    ``batches`` still checks the content it reads against that identity.
+    """
+
+    def __init__(self, source: SourcePort) -> None:
+        self._source = source
+        self._identity: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self._source.kind
+
+    def snapshot_identity(self) -> str:
+        if self._identity is None:
+            self._identity = self._source.snapshot_identity()
+        return self._identity
+
+    def columns(self) -> tuple[Column, ...]:
+        return self._source.columns()
+
+    def batches(
+        self, *, batch_size: int, expected_identity: str
+    ) -> Iterator[list[tuple[object, ...]]]:
+        return self._source.batches(batch_size=batch_size, expected_identity=expected_identity)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Opened:
     store: ObjectStorePort
@@ -263,7 +293,10 @@ class Publication:
                 hint=f"expected: {', '.join(self.spec.partitions)}",
             )
         layout = self.layout(backfill)
-        sources = {p: open_source(self.workload, self.interval, p) for p in self.spec.partitions}
+        sources = {
+            p: _HashedSource(open_source(self.workload, self.interval, p))
+            for p in self.spec.partitions
+        }
         identities = {p: s.snapshot_identity() for p, s in sources.items()}
         manifest = self.service.pin_source_manifest(layout, identities)
         return [self._write_one(layout, p, sources[p], manifest, context) for p in wanted]
@@ -272,12 +305,11 @@ class Publication:
         self,
         layout: PartitionLayout,
         partition: str,
-        source: object,
+        source: SourcePort,
         source_manifest: str,
         context: RunContext | None,
     ) -> OperationResult:
         from dpone.adapters.connectors.staging import StagingPartitionConnector
-        from dpone.ports.source import SourcePort
 
         connector = StagingPartitionConnector(
             store=self.store,
@@ -286,7 +318,7 @@ class Publication:
             table_format=self.format,
             source_manifest=source_manifest,
         )
-        src = cast(SourcePort, source)
+        src = source
         route = Route(journal=self.journal, connector=connector)
         spec = plan_operation(
             self.workload, route, src, interval=self.interval, partition=partition, context=context

@@ -190,7 +190,11 @@ class StagingPartitionConnector:
             )
             if observed.status is FenceStatus.COMMITTED:
                 raise FencedOut("the partition already committed", operation_id=operation_id)
-        self._check_epoch(operation_id, epoch)
+        else:
+            record = self._record()
+            if record is not None and record.operation_id == operation_id:
+                raise FencedOut("the partition already committed", operation_id=operation_id)
+            self._check_epoch(operation_id, epoch)
         data, rows = self._format.encode(plan.columns, batches)
         key = self._layout.data_key(self._partition)
         self._store.put(key, data)
