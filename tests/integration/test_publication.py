@@ -148,13 +148,16 @@ def test_audits_refuse_nulls_and_short_partitions(tmp_path: Path) -> None:
 
 
 def test_cleanup_keeps_current_and_waits_for_recovery(pub: Publication) -> None:
-    """Old generations go; never the current one, never during a recovery of the interval."""
+    """Old generations go; never current, never one just replaced, never during a recovery."""
     pub.run(backfill="old")
     pub.run()
-    old = pub.layout("old").generation
+    old, current = pub.layout("old").generation, pub.layout().generation
     kept = pub.cleanup(older_than_hours=1)
     assert kept.deleted == ()
-    assert kept.kept[old] == "younger than the retention cutoff"
+    assert kept.kept == {
+        old: "replaced by current less than the retention cutoff ago",
+        current: "current",
+    }
     # an unresolved operation on the interval (a failed partition) blocks cleanup
     failpoints.configure("fence.mutate.before_commit=raise")
     with pytest.raises(InjectedFault):
@@ -164,10 +167,12 @@ def test_cleanup_keeps_current_and_waits_for_recovery(pub: Publication) -> None:
     assert blocked.deleted == ()
     assert "never clean up during a recovery" in blocked.kept[old]
     pub.write(backfill="broken", partitions=["t1"])  # the recovery finishes
+    broken = pub.layout("broken").generation
+    young = pub.cleanup(older_than_hours=1)
+    assert young.kept[broken] == "younger than the retention cutoff"
     done = pub.cleanup(older_than_hours=0)
-    current = pub.layout().generation
-    assert old in done.deleted
-    assert done.kept[current] == "current"
+    assert sorted(done.deleted) == sorted([old, broken])
+    assert done.kept == {current: "current"}
     assert pub.store.list(pub.layout("old").prefix) == []
     assert len(_ids(pub)) == 150
 

@@ -453,9 +453,14 @@ class PublicationService:
             if head.startswith("gen="):
                 generations.setdefault(head.removeprefix("gen="), []).append(obj)
         found = self._store.read(layout.current_key)
-        current = None if found is None else CurrentPointer.from_bytes(found[0]).generation
+        pointer = None if found is None else CurrentPointer.from_bytes(found[0])
+        current = pointer.generation if pointer else None
         recovering = [t for t in unresolved if t.startswith(target_prefix)]
         cutoff = self._clock() - older_than_seconds
+        # readers that resolved current just before the last publish may still read the
+        # generation it replaced: keep that one until the cutoff has passed since then
+        superseded = pointer.previous_generation if pointer else None
+        superseded_recently = pointer is not None and _timestamp(pointer.published_at) > cutoff
         kept: dict[str, str] = {}
         deleted: list[str] = []
         count = 0
@@ -467,6 +472,8 @@ class PublicationService:
                     f"{len(recovering)} unresolved operation(s) on this interval: "
                     "never clean up during a recovery"
                 )
+            elif generation == superseded and superseded_recently:
+                kept[generation] = "replaced by current less than the retention cutoff ago"
             elif max(o.modified_at for o in members) > cutoff:
                 kept[generation] = "younger than the retention cutoff"
             else:
@@ -477,3 +484,11 @@ class PublicationService:
                         self._store.delete(obj.key)
                         count += 1
         return CleanupReport(deleted=tuple(deleted), kept=kept, objects_deleted=count)
+
+
+def _timestamp(iso: str) -> float:
+    """Seconds since the epoch of an ISO time written by publish (unparsable: now, i.e. keep)."""
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return time.time()
