@@ -641,13 +641,34 @@ class FenceConformance:
         rows = [(i, f"v{i}", None) for i in range(5)]
         with pytest.raises(Boom):
             self.mutate(connector, (op, intent), epoch=1, rows=rows, within=die, prepare=True)
-        assert connector.observe(operation_id=op).status is FenceStatus.PREPARED
+        assert connector.observe(operation_id=op).status is not FenceStatus.COMMITTED
         assert connector.seal(operation_id=op, epoch=2).outcome is SealOutcome.NOT_COMMITTED
         with pytest.raises(FencedOut):
             self.mutate(connector, (op, intent), epoch=1, rows=rows)
         self.mutate(connector, (op, intent), epoch=2, rows=rows)
         assert self.count_rows(connector, self.table) == 5
         assert connector.observe(operation_id=op).status is FenceStatus.COMMITTED
+
+    @needs(_STAGING)
+    def test_staging_takeover_fences_out_a_writer_before_its_commit(
+        self, connector: TargetConnectorPort
+    ) -> None:
+        """A seal while the old writer is between data and commit: the old writer never commits."""
+        op, intent = self.new_operation()
+        sealed: list[SealOutcome] = []
+
+        def takeover(_txn: object) -> None:
+            sealed.append(connector.seal(operation_id=op, epoch=2).outcome)
+
+        rows = [(1, "a", None), (2, "b", None)]
+        with pytest.raises(FencedOut):
+            self.mutate(connector, (op, intent), epoch=1, rows=rows, within=takeover, prepare=True)
+        assert sealed == [SealOutcome.NOT_COMMITTED]
+        assert connector.observe(operation_id=op).status is FenceStatus.PREPARED
+        self.mutate(connector, (op, intent), epoch=2, rows=rows, prepare=True)
+        seen = connector.observe(operation_id=op)
+        assert (seen.status, seen.epoch) == (FenceStatus.COMMITTED, 2)
+        assert self.count_rows(connector, self.table) == 2
 
     @needs(_STAGING)
     def test_staging_seal_reports_committed_and_fenced(

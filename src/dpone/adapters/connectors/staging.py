@@ -181,26 +181,38 @@ class StagingPartitionConnector:
 
         ``within(None)`` runs between the two: the data object exists, the commit does not.
 
+        With ``prepare`` an *absent* fence is not written: it counts as epoch 0, below every
+        lease epoch, and a takeover installs it with ``seal`` (a higher epoch), which this
+        writer's check before the commit record then sees. That saves a durable write per
+        partition on the common first attempt; a fence that exists is raised as ``prepare``
+        would.
+
         Raises:
-            FencedOut: the fence is not at ``epoch`` (before the data, or before the commit).
+            FencedOut: the fence is not ours (before the data, or before the commit).
         """
+        record = self._record()
+        if record is not None and record.operation_id == operation_id:
+            raise FencedOut("the partition already committed", operation_id=operation_id)
+        lazy = False
         if prepare:
-            observed = self.prepare(
-                operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
-            )
-            if observed.status is FenceStatus.COMMITTED:
-                raise FencedOut("the partition already committed", operation_id=operation_id)
+            found, meta = self._fence()
+            if meta is None:
+                lazy = True
+            elif found > epoch:
+                raise FencedOut(
+                    f"the partition fence holds epoch {found}, above {epoch}",
+                    operation_id=operation_id,
+                )
+            elif found < epoch:
+                self.prepare(operation_id=operation_id, intent_digest=intent_digest, epoch=epoch)
         else:
-            record = self._record()
-            if record is not None and record.operation_id == operation_id:
-                raise FencedOut("the partition already committed", operation_id=operation_id)
             self._check_epoch(operation_id, epoch)
         data, rows = self._format.encode(plan.columns, batches)
         key = self._layout.data_key(self._partition)
         self._store.put(key, data)
         if within is not None:
             within(None)
-        self._check_epoch(operation_id, epoch)
+        self._check_epoch(operation_id, epoch, absent_ok=lazy)
         record = ChecksumRecord(
             partition=self._partition,
             generation=self._layout.generation,
@@ -216,9 +228,9 @@ class StagingPartitionConnector:
         self._store.put(self._layout.checksum_key(self._partition), record.to_bytes())
         return MutationReport(row_count=rows, content_digest=content_digest)
 
-    def _check_epoch(self, operation_id: str, epoch: int) -> None:
-        found, _ = self._fence()
-        if found != epoch:
+    def _check_epoch(self, operation_id: str, epoch: int, *, absent_ok: bool = False) -> None:
+        found, meta = self._fence()
+        if found != epoch and not (absent_ok and meta is None):
             raise FencedOut(
                 f"the partition fence is at epoch {found}, not {epoch}; nothing more is written",
                 operation_id=operation_id,
