@@ -90,3 +90,18 @@ def test_records_round_trip_and_damage_is_a_config_error() -> None:
     for bad in (b"", b"[1]", b"\xff", b'{"partition": "t1"}'):
         with pytest.raises(ConfigInvalid):
             ChecksumRecord.from_bytes(bad)
+
+
+def test_publication_failpoints_are_known_but_apart() -> None:
+    """Publish's failpoints configure and fire; route crash matrices do not iterate them."""
+    from dpone.errors import InjectedFault
+    from dpone.runtime import failpoints
+
+    assert not set(failpoints.PUBLICATION_FAILPOINT_NAMES) & set(failpoints.FAILPOINT_NAMES)
+    failpoints.configure("before:publication.current=raise")
+    try:
+        with pytest.raises(InjectedFault):
+            failpoints.hit("before:publication.current")
+        failpoints.hit("after:publication.current")
+    finally:
+        failpoints.configure(None)
