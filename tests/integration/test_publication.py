@@ -250,3 +250,21 @@ def test_cli_publication_commands(tmp_path: Path) -> None:
     certify = run_dpone(["certify", "pub.yaml", "--json"], cwd=tmp_path)
     assert certify.returncode == 2
     assert json.loads(certify.stdout)["error"]["field"] == "target.kind"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_formats_refuse_ragged_rows(fmt: str) -> None:
+    """A row with the wrong number of values is DPONE_TARGET_WRITE_FAILED, never a traceback."""
+    from dpone.adapters.objectstores.formats import open_format
+    from dpone.contracts.load import Column, ColumnType
+    from dpone.errors import TargetWriteFailed
+
+    columns = (Column(name="a", type=ColumnType.INTEGER), Column(name="b", type=ColumnType.TEXT))
+    encoder = open_format(fmt)
+    _data, rows = encoder.encode(columns, [[("1", "x"), ("2", "")]])
+    assert rows == 2
+    with pytest.raises(TargetWriteFailed):
+        encoder.encode(columns, [[("1", "x"), ("2",)]])
+    if fmt == "parquet":
+        with pytest.raises(TargetWriteFailed, match="column 'a'"):
+            encoder.encode(columns, [[("one", "x")]])

@@ -18,15 +18,19 @@ def _transpose(
 ) -> tuple[list[list[object]], int]:
     values: list[list[object]] = [[] for _ in columns]
     rows = 0
-    width = len(columns)
     for batch in batches:
-        for row in batch:
-            if len(row) != width:
-                raise TargetWriteFailed(
-                    f"a row has {len(row)} values for {width} columns; nothing was written"
-                )
-        for i, column_values in enumerate(zip(*batch, strict=True) if batch else ()):
-            values[i].extend(column_values)
+        if not batch:
+            continue
+        try:
+            transposed = list(zip(*batch, strict=True))
+        except ValueError:
+            transposed = []
+        if len(transposed) != len(columns):
+            raise TargetWriteFailed(
+                f"a row does not have {len(columns)} values; nothing was written"
+            )
+        for column_values, more in zip(values, transposed, strict=True):
+            column_values.extend(more)
         rows += len(batch)
     return values, rows
 
