@@ -1,3 +1,3 @@
 """Shared fixtures: see tests/fixtures/."""
 
-pytest_plugins = ["tests.fixtures.pg", "tests.fixtures.mariadb"]
+pytest_plugins = ["tests.fixtures.pg", "tests.fixtures.mariadb", "tests.fixtures.s3"]

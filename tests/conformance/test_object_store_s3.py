@@ -10,9 +10,6 @@ from dpone.adapters.objectstores.s3 import S3ObjectStore
 from dpone.errors import ObjectStoreUnavailable
 from dpone.testing.object_store_conformance import ObjectStoreConformance
 from dpone.testing.s3_server import S3Server
-from tests.fixtures.s3 import s3_bucket, s3_server
-
-__all__ = ["s3_bucket", "s3_server"]
 
 
 def _store(server: S3Server, bucket: str, prefix: str = "") -> S3ObjectStore:

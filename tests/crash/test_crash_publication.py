@@ -26,9 +26,6 @@ from tests.fixtures.publication import (
     write_tenants,
     write_workload,
 )
-from tests.fixtures.s3 import s3_bucket, s3_server
-
-__all__ = ["s3_bucket", "s3_server"]
 
 pytestmark = pytest.mark.crash
 

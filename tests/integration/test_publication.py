@@ -25,9 +25,6 @@ from tests.fixtures.publication import (
     write_tenants,
     write_workload,
 )
-from tests.fixtures.s3 import s3_bucket, s3_server
-
-__all__ = ["s3_bucket", "s3_server"]
 
 TENANTS = ("t1", "t2", "t3")
 ENV = {**os.environ, **S3_ENV}
