@@ -265,3 +265,27 @@ def test_formats_refuse_ragged_rows(fmt: str) -> None:
     if fmt == "parquet":
         with pytest.raises(TargetWriteFailed, match="column 'a'"):
             encoder.encode(columns, [[("one", "x")]])
+
+
+def test_twin_publishers_of_one_generation_agree(tmp_path: Path) -> None:
+    """Two publishers of the same manifest race: one moves current, the other finds it done."""
+    import threading
+
+    from dpone.publication.service import PublishResult
+
+    write_tenants(tmp_path, TENANTS, rows=3)
+    path = write_workload(tmp_path, store=local_store())
+    with Publication(path) as pub:
+        pub.write()
+        failpoints.configure("before:publication.current=sleep(0.5)")
+        results: list[PublishResult] = []
+        threads = [threading.Thread(target=lambda: results.append(pub.publish())) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failpoints.configure(None)
+        assert sorted(r.already_current for r in results) == [False, True]
+        view = pub.read()
+        assert view is not None
+        assert view.pointer.generation == pub.layout().generation

@@ -344,6 +344,9 @@ class PublicationService:
             )
         if moved is None:
             now = self.current(layout)
+            if now is not None and now.pointer.manifest_sha256 == pointer.manifest_sha256:
+                # a twin publisher of the very same manifest won: the outcome is ours
+                return replace(result, already_current=True)
             winner = now.pointer.generation if now is not None else "?"
             raise PublishConflict(
                 f"another publisher moved current of {spec.dataset} "
