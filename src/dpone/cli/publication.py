@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,6 +64,7 @@ def write_publication(
     """Write partitions (and publish when asked); shared by ``write`` and ``dpone run``."""
     ui = _ui()
     with ui._boundary(as_json), _open(workload, interval) as pub:
+        gc.freeze()  # what opening imported (pydantic models, pyarrow) lives as long as we do
         results = pub.write(backfill=backfill, partitions=partitions)
         published = pub.publish(backfill=backfill) if publish else None
         generation = pub.layout(backfill).generation

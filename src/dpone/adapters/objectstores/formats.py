@@ -36,9 +36,14 @@ def _transpose(
 
 
 class ParquetFormat:
-    """Parquet files (zstd-free defaults: snappy) written by pyarrow, deterministic bytes."""
+    """Parquet files (pyarrow's defaults: snappy) written by pyarrow, deterministic bytes."""
 
     name = "parquet"
+
+    def __init__(self) -> None:
+        # import the heavy modules when the format is chosen, not in the middle of a write
+        import pyarrow.compute
+        import pyarrow.parquet  # noqa: F401
 
     def encode(
         self, columns: Sequence[Column], batches: Iterable[Sequence[Sequence[object]]]
