@@ -289,3 +289,31 @@ def test_twin_publishers_of_one_generation_agree(tmp_path: Path) -> None:
         view = pub.read()
         assert view is not None
         assert view.pointer.generation == pub.layout().generation
+
+
+def test_pinned_source_hashes_in_the_workload(tmp_path: Path) -> None:
+    """source_hashes pins the cut: matching files publish; a changed one writes nothing."""
+    import hashlib
+
+    write_tenants(tmp_path, TENANTS, rows=4)
+    path = write_workload(tmp_path, store=local_store())
+    data = json.loads(path.read_text())
+    hashes = {
+        t: "sha256:" + hashlib.sha256((tmp_path / "in" / f"{t}.csv").read_bytes()).hexdigest()
+        for t in TENANTS
+    }
+    data["publication"]["source_hashes"] = {t: hashes[t] for t in TENANTS[:2]}
+    path.write_text(json.dumps(data))
+    with Publication(path) as pub, pytest.raises(ConfigInvalid, match="lacks partition"):
+        pub.write()
+    data["publication"]["source_hashes"] = hashes
+    path.write_text(json.dumps(data))
+    (tmp_path / "in" / "t2.csv").write_text("id,tenant,amount\nt2-x,t2,1\n")
+    with Publication(path) as pub:
+        with pytest.raises(IntentConflict, match="t2"):
+            pub.write()
+        assert pub.store.list("tenant_report") == []
+    write_tenants(tmp_path, TENANTS, rows=4)
+    with Publication(path) as pub:
+        _, published = pub.run()
+        assert published.rows == 12

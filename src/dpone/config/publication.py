@@ -24,7 +24,7 @@ from dpone.contracts.publication import (
     interval_key,
 )
 from dpone.contracts.result import OperationResult
-from dpone.errors import ConfigInvalid
+from dpone.errors import ConfigInvalid, IntentConflict
 from dpone.ports.journal import CommitJournalPort
 from dpone.ports.object_store import ObjectStorePort
 from dpone.ports.source import SourcePort
@@ -298,8 +298,30 @@ class Publication:
             for p in self.spec.partitions
         }
         identities = {p: s.snapshot_identity() for p, s in sources.items()}
+        self._check_pinned(identities)
         manifest = self.service.pin_source_manifest(layout, identities)
         return [self._write_one(layout, p, sources[p], manifest, context) for p in wanted]
+
+    def _check_pinned(self, identities: Mapping[str, str]) -> None:
+        """Compare the sources with the workload's ``source_hashes``, if it pins them."""
+        pinned = self.config.source_hashes
+        if pinned is None:
+            return
+        unknown = sorted(set(identities) - set(pinned))
+        if unknown:
+            raise ConfigInvalid(
+                f"publication.source_hashes lacks partition(s) {', '.join(unknown)}",
+                field="publication.source_hashes",
+                hint="pin every expected partition's source hash, or remove source_hashes",
+            )
+        changed = sorted(p for p, identity in identities.items() if pinned[p] != identity)
+        if changed:
+            raise IntentConflict(
+                f"source file(s) of partition(s) {', '.join(changed)} differ from the hashes "
+                "pinned in publication.source_hashes; nothing was written",
+                hint="restore the pinned files, or pin the new hashes (a new source cut: "
+                "publish it as a backfill)",
+            )
 
     def _write_one(
         self,

@@ -295,6 +295,8 @@ class PublicationConfig(_Model):
     partitions_from_source: bool = False
     audits: AuditConfig = Field(default_factory=AuditConfig)
     retention_hours: float = Field(168.0, ge=0)
+    # optional pinned source manifest: partition -> sha256:<hex> of its source file
+    source_hashes: dict[str, Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]] | None = None
 
     @field_validator("dataset")
     @classmethod
