@@ -10,7 +10,7 @@ STAMP   = $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,mysql,duckdb,parquet]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,mysql,duckdb,s3,parquet]'
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/dpone-example-connector
 	touch $(STAMP)
 

@@ -32,7 +32,7 @@ from dpone.config.workload import Workload, load_workload, parse_workload
 from dpone.contracts.fence import FenceCapability, FenceStatus, SealOutcome
 from dpone.contracts.identity import Interval
 from dpone.contracts.load import Column, ColumnType, LoadPlan, LoadStrategy
-from dpone.errors import DponeError, FencedOut
+from dpone.errors import ConfigInvalid, DponeError, FencedOut
 from dpone.runtime.failpoints import FAILPOINT_NAMES
 from dpone.testing import crash
 
@@ -114,6 +114,18 @@ def _timed(check: Check, progress: Progress) -> Iterator[Check]:
         progress(check.name, check.status)
 
 
+def _certifiable(workload: Workload) -> Workload:
+    if workload.publication is not None:
+        raise ConfigInvalid(
+            "dpone certify checks one target connector's fence; a publication workload has a "
+            "staging_generation writer per partition, covered by its own conformance and "
+            "crash suites (docs/publication.md)",
+            field="target.kind",
+            hint="certify a workload whose target is a database",
+        )
+    return workload
+
+
 def certify(
     workload_path: Path,
     *,
@@ -122,7 +134,7 @@ def certify(
 ) -> tuple[Certification, Path]:
     """Certify the route of ``workload_path``; write the evidence and return it and its path."""
     report = progress or (lambda _name, _status: None)
-    workload = load_workload(workload_path)
+    workload = _certifiable(load_workload(workload_path))
     scratch_table = f"dpone_certify_{secrets.token_hex(4)}"
     probe_workload = _scratch_workload(workload, workload_path, scratch_table, "probe")
     checks = [

@@ -28,6 +28,9 @@
     +-- DeliveryRejected             DPONE_DELIVERY_REJECTED              TERMINAL
     +-- AuditFailed                  DPONE_AUDIT_FAILED                   TERMINAL
     +-- RunKeyConflict               DPONE_RUN_KEY_CONFLICT               TERMINAL
+    +-- ObjectStoreUnavailable       DPONE_OBJECT_STORE_UNAVAILABLE       TRANSIENT
+    +-- PublicationRefused           DPONE_PUBLICATION_REFUSED            TERMINAL
+    +-- PublishConflict              DPONE_PUBLICATION_CONFLICT           TERMINAL
 
 Errors never carry SQL text, row values, credentials or URLs: only the fields
 listed in ``SAFE_FIELDS``. They pickle (for multiprocessing and Airflow) and
@@ -58,7 +61,10 @@ __all__ = [
     "JournalUnavailable",
     "LeaseHeld",
     "LeaseLost",
+    "ObjectStoreUnavailable",
     "OperationNotFound",
+    "PublicationRefused",
+    "PublishConflict",
     "ReceiverUnavailable",
     "RecoveryConflict",
     "RecoveryRefused",
@@ -101,6 +107,9 @@ class ErrorCode(str, enum.Enum):
     DELIVERY_REJECTED = "DPONE_DELIVERY_REJECTED"
     AUDIT_FAILED = "DPONE_AUDIT_FAILED"
     RUN_KEY_CONFLICT = "DPONE_RUN_KEY_CONFLICT"
+    OBJECT_STORE_UNAVAILABLE = "DPONE_OBJECT_STORE_UNAVAILABLE"
+    PUBLICATION_REFUSED = "DPONE_PUBLICATION_REFUSED"
+    PUBLICATION_CONFLICT = "DPONE_PUBLICATION_CONFLICT"
 
 
 class Retryability(str, enum.Enum):
@@ -404,4 +413,24 @@ class RunKeyConflict(DponeError):
     """An idempotency key already names a run of another request (operation or interval)."""
 
     code = ErrorCode.RUN_KEY_CONFLICT
+
+
+class ObjectStoreUnavailable(DponeError):
+    """An object store could not be reached or answered with an error (retry later)."""
+
+    code = ErrorCode.OBJECT_STORE_UNAVAILABLE
+    retryability = Retryability.TRANSIENT
+
+
+class PublicationRefused(DponeError):
+    """Reconcile refused a generation: incomplete, mixed, corrupt or failing an audit."""
+
+    code = ErrorCode.PUBLICATION_REFUSED
+    retryability = Retryability.TERMINAL
+
+
+class PublishConflict(DponeError):
+    """Another publisher moved the ``current`` pointer first; this publish did not happen."""
+
+    code = ErrorCode.PUBLICATION_CONFLICT
     retryability = Retryability.TERMINAL

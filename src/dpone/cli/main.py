@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import getpass
 import json
 import logging
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from dpone.cli.delivery import delivery_app
+from dpone.cli.publication import is_publication_workload, publication_app, write_publication
 from dpone.contracts.states import CommitState
 from dpone.errors import (
     CommittedIncomplete,
@@ -55,6 +57,7 @@ app.add_typer(journal_app, name="journal")
 app.add_typer(delivery_app, name="delivery")
 app.add_typer(checkpoints_app, name="checkpoints")
 app.add_typer(runs_app, name="runs")
+app.add_typer(publication_app, name="publication")
 
 
 class _LazyConsole:
@@ -239,8 +242,25 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Run one operation of WORKLOAD for an interval: write once, resume, or replay."""
+    """Run one operation of WORKLOAD for an interval: write once, resume, or replay.
+
+    A publication workload runs whole: every partition, reconcile, publish (with
+    --partition: that one partition only, as a mapped task).
+    """
     from dpone.api import run_operation
+
+    with _boundary(as_json):
+        publication = is_publication_workload(workload)
+    if publication:
+        write_publication(
+            workload,
+            interval=interval,
+            backfill=None,
+            partitions=[partition] if partition else None,
+            as_json=as_json,
+            publish=partition is None,
+        )
+        return
 
     _setup_logging(log_format, quiet)
     show = err.is_terminal if progress is None else progress
@@ -1007,6 +1027,10 @@ def version() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    # Everything imported so far lives as long as the process: move it out of the cyclic
+    # collector's sight, so the full collections that millions of row tuples trigger do not
+    # re-walk typer/pydantic/rich on every pass (measured: -20% CPU on publication runs).
+    gc.freeze()
     try:
         app()
     except DponeError as exc:  # pragma: no cover - commands catch their own

@@ -56,6 +56,7 @@ from .workload import (
     PluginTargetConfig,
     PostgresTableSourceConfig,
     PostgresTargetConfig,
+    PublicationTargetConfig,
     SqliteTableSourceConfig,
     SqliteTargetConfig,
     SqlSourceConfig,
@@ -250,6 +251,12 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
         from dpone.adapters.connectors.jsonl_append import JsonlAppendConnector
 
         return cast(TargetConnectorPort, JsonlAppendConnector(workload.resolve_path(target.path)))
+    if isinstance(target, PublicationTargetConfig):
+        raise ConfigInvalid(
+            "a publication workload has one writer per partition, not one target connector",
+            field="target.kind",
+            hint="use `dpone run WORKLOAD --interval ...` or `dpone publication write|publish`",
+        )
     raise ConfigInvalid("unknown target kind", field="target.kind")  # pragma: no cover
 
 

@@ -38,6 +38,8 @@ __all__ = [
     "PluginTargetConfig",
     "PostgresTableSourceConfig",
     "PostgresTargetConfig",
+    "PublicationConfig",
+    "PublicationTargetConfig",
     "RecoveryPolicy",
     "RetryConfig",
     "SqlSourceConfig",
@@ -324,7 +326,15 @@ class DuckDbTargetConfig(_UrlTargetConfig):
 
 #: Entry-point group third-party connector packages register their factories in.
 CONNECTOR_GROUP = "dpone.connectors"
-_BUILTIN_TARGETS = ("sqlite", "postgres", "mariadb", "mysql", "duckdb", "jsonl_append")
+_BUILTIN_TARGETS = (
+    "sqlite",
+    "postgres",
+    "mariadb",
+    "mysql",
+    "duckdb",
+    "jsonl_append",
+    "publication",
+)
 
 
 def plugin_kinds() -> list[str]:
@@ -366,6 +376,98 @@ def _target_tag(value: object) -> str:
 class JsonlAppendTargetConfig(_Model):
     kind: Literal["jsonl_append"]
     path: str
+
+
+class PublicationTargetConfig(_Model):
+    """The target of a publication workload: the object store named in ``publication``."""
+
+    kind: Literal["publication"]
+
+
+_PARTITION_RE = r"^[A-Za-z0-9][A-Za-z0-9_=-]{0,127}$"
+
+
+class LocalStoreConfig(_Model):
+    kind: Literal["local"]
+    path: str
+
+
+class S3StoreConfig(_Model):
+    kind: Literal["s3"]
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = ""
+    endpoint: str | None = None
+    endpoint_env: str | None = None
+    region: str = "us-east-1"
+    # credentials are never written in the file: name the variables that hold them
+    access_key_id_env: str | None = None
+    secret_access_key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _pairs(self) -> S3StoreConfig:
+        if self.endpoint is not None and self.endpoint_env is not None:
+            raise ValueError("give at most one of endpoint or endpoint_env")
+        if (self.access_key_id_env is None) != (self.secret_access_key_env is None):
+            raise ValueError("give both access_key_id_env and secret_access_key_env, or neither")
+        return self
+
+
+class AuditConfig(_Model):
+    min_rows: int = Field(default=0, ge=0)
+    not_null: list[Identifier] = Field(default_factory=list)
+
+    @field_validator("not_null")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _identifier(name)
+        return value
+
+
+class PublicationConfig(_Model):
+    """Write-audit-publish of one dataset: partitions -> staging generation -> manifest."""
+
+    dataset: Identifier
+    interval: str | None = None  # fixed START/END; else each command's --interval
+    store: Annotated[LocalStoreConfig | S3StoreConfig, Field(discriminator="kind")]
+    format: Literal["parquet", "csv"] = "parquet"
+    partitions: list[Annotated[str, Field(pattern=_PARTITION_RE)]] | None = None
+    partitions_from_source: bool = False
+    audits: AuditConfig = Field(default_factory=AuditConfig)
+    retention_hours: float = Field(168.0, ge=0)
+    # optional pinned source manifest: partition -> sha256:<hex> of its source file
+    source_hashes: dict[str, Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]] | None = None
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str) -> str:
+        return _identifier(value)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from dpone.contracts.identity import parse_interval
+
+        try:
+            return parse_interval(value).canonical()
+        except ConfigInvalid as exc:
+            raise ValueError(exc.message) from None
+
+    @model_validator(mode="after")
+    def _one_partition_set(self) -> PublicationConfig:
+        if (self.partitions is None) == (not self.partitions_from_source):
+            raise ValueError(
+                "give the expected partitions: either partitions: [p1, p2, ...] or "
+                "partitions_from_source: true (one per file matching source.path's {partition})"
+            )
+        if self.partitions is not None:
+            if not self.partitions:
+                raise ValueError("partitions must not be empty")
+            if len(set(self.partitions)) != len(self.partitions):
+                raise ValueError("partitions must be distinct")
+        return self
 
 
 class LoadConfig(_Model):
@@ -440,6 +542,7 @@ class Workload(_Model):
         | Annotated[MariaDbTargetConfig, Tag("mariadb")]
         | Annotated[DuckDbTargetConfig, Tag("duckdb")]
         | Annotated[JsonlAppendTargetConfig, Tag("jsonl_append")]
+        | Annotated[PublicationTargetConfig, Tag("publication")]
         | Annotated[PluginTargetConfig, Tag("plugin")],
         Discriminator(_target_tag),
     ]
@@ -452,7 +555,17 @@ class Workload(_Model):
     # evidence (dpone certify) for this connector, capability and target database
     require_certified: bool = False
     certification_dir: str | None = None
+    #: write-audit-publish of partitions into an object store (docs/publication.md)
+    publication: PublicationConfig | None = None
     base_dir: Path = Field(default=Path(), exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _publication_defaults(cls, data: Any) -> Any:
+        """A publication workload needs no target or load: its target is the store."""
+        if isinstance(data, dict) and data.get("publication") is not None:
+            data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
+        return data
 
     @field_validator("workload", "journal_schema")
     @classmethod
@@ -470,6 +583,18 @@ class Workload(_Model):
                 f"audits run inside a SQL target's transaction; target kind {self.target.kind!r} "
                 f"has none (audited kinds: {', '.join(sorted(_AUDITED_TARGETS))})"
             )
+        if (self.target.kind == "publication") != (self.publication is not None):
+            raise ValueError("target kind publication goes with a publication: section")
+        if self.publication is not None:
+            if self.load.strategy is not LoadStrategy.REPLACE:
+                raise ValueError("a publication replaces partitions: use load.strategy replace")
+            if not isinstance(getattr(self.source, "path", None), str):
+                raise ValueError("a publication reads source files: use a csv or jsonl source")
+            if "{partition" not in getattr(self.source, "path", ""):
+                raise ValueError(
+                    "a publication reads one source file per partition: put {partition} "
+                    "in source.path"
+                )
         return self
 
     # -------------------------------------------------------------- resolution
@@ -590,6 +715,8 @@ _UNION_TAGS = frozenset(
         "duckdb",
         "jsonl_append",
         "plugin",
+        "local",
+        "s3",
     }
 )
 

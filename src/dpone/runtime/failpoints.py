@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 from dpone.errors import ConfigInvalid, InjectedFault
 
-__all__ = ["DELIVERY_FAILPOINT_NAMES", "FAILPOINT_NAMES", "configure", "hit"]
+__all__ = [
+    "DELIVERY_FAILPOINT_NAMES",
+    "FAILPOINT_NAMES",
+    "PUBLICATION_FAILPOINT_NAMES",
+    "configure",
+    "hit",
+]
 
 #: Every failpoint the runtime fires, in the order a first attempt meets them.
 FAILPOINT_NAMES: tuple[str, ...] = (
@@ -64,6 +70,15 @@ DELIVERY_FAILPOINT_NAMES: tuple[str, ...] = (
     "before:delivery.observe",
     "before:delivery.COMPLETE",
 )
+#: Failpoints of partition publication (publish's two writes). Kept apart from
+#: FAILPOINT_NAMES, which the crash matrices of single-operation routes iterate.
+PUBLICATION_FAILPOINT_NAMES: tuple[str, ...] = (
+    "before:publication.manifest",
+    "after:publication.manifest",
+    "before:publication.current",
+    "after:publication.current",
+)
+_KNOWN = frozenset(FAILPOINT_NAMES + DELIVERY_FAILPOINT_NAMES + PUBLICATION_FAILPOINT_NAMES)
 
 _ACTION_RE = re.compile(r"^(kill|raise|hang|sleep\((\d+(?:\.\d+)?)\))(?:@(\d+))?$")
 
@@ -90,12 +105,12 @@ def configure(spec: str | None) -> None:
             continue
         name, sep, action = item.rpartition("=")
         match = _ACTION_RE.match(action.strip())
-        known = name.strip() in FAILPOINT_NAMES or name.strip() in DELIVERY_FAILPOINT_NAMES
-        if not sep or not match or not known:
+        if not sep or not match or name.strip() not in _KNOWN:
             raise ConfigInvalid(
                 f"failpoint {item!r} is not NAME=ACTION",
                 field="DPONE_FAILPOINTS",
-                hint="NAME is one of dpone.runtime.failpoints.FAILPOINT_NAMES; ACTION is "
+                hint="NAME is one of dpone.runtime.failpoints.FAILPOINT_NAMES (or "
+                "PUBLICATION_FAILPOINT_NAMES); ACTION is "
                 "kill, raise, hang or sleep(SECONDS), optionally @N",
             )
         kind = match.group(1).split("(")[0]

@@ -49,6 +49,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 _MARKER = FenceCapability.TRANSACTIONAL_MARKER
 _NONE = FenceCapability.NONE
+_STAGING = FenceCapability.STAGING_GENERATION
 
 _COLUMNS = (
     Column(name="id", type=ColumnType.INTEGER),
@@ -597,6 +598,88 @@ class FenceConformance:
         for op, count in ((op1, len(first)), (op2, len(second))):
             seen = connector.observe(operation_id=op)
             assert (seen.status, seen.row_count) == (FenceStatus.COMMITTED, count)
+
+    # ----------------------------------------------------------------- staging generation
+    # One connector writes one deterministic partition object; its commit is the checksum
+    # record. ``count_rows`` counts the rows of that object (0 when absent).
+
+    @needs(_STAGING)
+    def test_staging_absent_prepared_committed(self, connector: TargetConnectorPort) -> None:
+        """ABSENT, then PREPARED at the epoch, then COMMITTED with the count and intent."""
+        op, intent = self.new_operation()
+        assert connector.observe(operation_id=op).status is FenceStatus.ABSENT
+        prepared = connector.prepare(operation_id=op, intent_digest=intent, epoch=1)
+        assert (prepared.status, prepared.epoch) == (FenceStatus.PREPARED, 1)
+        report = self.mutate(
+            connector, (op, intent), epoch=1, rows=[(1, "a", None), (2, "b", None)]
+        )
+        seen = connector.observe(operation_id=op)
+        assert (seen.status, seen.epoch, seen.intent_digest) == (FenceStatus.COMMITTED, 1, intent)
+        assert seen.row_count == report.row_count == 2
+        assert self.count_rows(connector, self.table) == 2
+
+    @needs(_STAGING)
+    def test_staging_prepare_never_lowers_the_epoch(self, connector: TargetConnectorPort) -> None:
+        """A lower epoch is fenced out; the fence keeps the higher one."""
+        op, intent = self.new_operation()
+        connector.prepare(operation_id=op, intent_digest=intent, epoch=5)
+        with pytest.raises(FencedOut):
+            connector.prepare(operation_id=op, intent_digest=intent, epoch=3)
+        assert connector.observe(operation_id=op).epoch == 5
+
+    @needs(_STAGING)
+    def test_staging_retry_replaces_never_appends(self, connector: TargetConnectorPort) -> None:
+        """A write that died before its commit is sealed and rewritten: the rows once, not twice."""
+
+        class Boom(Exception):
+            pass
+
+        def die(_txn: object) -> None:
+            raise Boom
+
+        op, intent = self.new_operation()
+        rows = [(i, f"v{i}", None) for i in range(5)]
+        with pytest.raises(Boom):
+            self.mutate(connector, (op, intent), epoch=1, rows=rows, within=die, prepare=True)
+        assert connector.observe(operation_id=op).status is not FenceStatus.COMMITTED
+        assert connector.seal(operation_id=op, epoch=2).outcome is SealOutcome.NOT_COMMITTED
+        with pytest.raises(FencedOut):
+            self.mutate(connector, (op, intent), epoch=1, rows=rows)
+        self.mutate(connector, (op, intent), epoch=2, rows=rows)
+        assert self.count_rows(connector, self.table) == 5
+        assert connector.observe(operation_id=op).status is FenceStatus.COMMITTED
+
+    @needs(_STAGING)
+    def test_staging_takeover_fences_out_a_writer_before_its_commit(
+        self, connector: TargetConnectorPort
+    ) -> None:
+        """A seal while the old writer is between data and commit: the old writer never commits."""
+        op, intent = self.new_operation()
+        sealed: list[SealOutcome] = []
+
+        def takeover(_txn: object) -> None:
+            sealed.append(connector.seal(operation_id=op, epoch=2).outcome)
+
+        rows = [(1, "a", None), (2, "b", None)]
+        with pytest.raises(FencedOut):
+            self.mutate(connector, (op, intent), epoch=1, rows=rows, within=takeover, prepare=True)
+        assert sealed == [SealOutcome.NOT_COMMITTED]
+        assert connector.observe(operation_id=op).status is FenceStatus.PREPARED
+        self.mutate(connector, (op, intent), epoch=2, rows=rows, prepare=True)
+        seen = connector.observe(operation_id=op)
+        assert (seen.status, seen.epoch) == (FenceStatus.COMMITTED, 2)
+        assert self.count_rows(connector, self.table) == 2
+
+    @needs(_STAGING)
+    def test_staging_seal_reports_committed_and_fenced(
+        self, connector: TargetConnectorPort
+    ) -> None:
+        """Seal after the commit is COMMITTED; seal not above a prepared fence is FENCED."""
+        (op, _), _report = self.load(connector, [(1, "a", None)], epoch=3)
+        assert connector.seal(operation_id=op, epoch=4).outcome is SealOutcome.COMMITTED
+        other, intent = self.new_operation()
+        connector.prepare(operation_id=other, intent_digest=intent, epoch=9)
+        assert connector.seal(operation_id=other, epoch=9).outcome is SealOutcome.FENCED
 
     # ----------------------------------------------------------------- capability none
 

@@ -25,8 +25,8 @@ Batch = list[tuple[object, ...]]
 
 def _pyarrow() -> tuple[Any, Any]:
     try:
-        import pyarrow as pa  # type: ignore[import-untyped]
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        import pyarrow as pa
+        import pyarrow.parquet as pq
     except ImportError:
         raise ConfigInvalid(
             "the parquet source needs the parquet extra",

@@ -1,0 +1,1 @@
+"""Object store adapters: a local directory and S3-compatible storage."""

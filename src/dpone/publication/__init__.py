@@ -1,0 +1,1 @@
+"""Partition publication: reconcile, publish, read and clean up staging generations."""
