@@ -11,6 +11,7 @@ from psycopg import sql
 
 from dpone.adapters.connectors.postgres import PostgresConnector
 from dpone.contracts.fence import FenceCapability
+from dpone.contracts.load import LoadStrategy
 from dpone.ports.connector import TargetConnectorPort
 from dpone.testing.fence_conformance import FenceConformance
 
@@ -65,3 +66,44 @@ class TestPostgresFence(FenceConformance):
             fence_schema=_pg(connector).fence_schema,
             lock_timeout_s=lock_timeout_s,
         )
+
+
+class TestPostgresFenceSmallPath(TestPostgresFence):
+    """The same contract through the small-operation path.
+
+    The table exists and the connector has checked it, so every append, replace and
+    replace_interval write of a few rows is one pipelined transaction with a multi-row
+    INSERT (merge keeps its staging table).
+    """
+
+    @pytest.fixture
+    def connector(
+        self, pg_available: str, pg_schema: str, request: pytest.FixtureRequest
+    ) -> Iterator[TargetConnectorPort]:
+        self.table = f"{pg_schema}.items"
+        self.dsn = pg_available
+        callspec = getattr(request.node, "callspec", None)
+        merge = callspec is not None and callspec.params.get("case") == "merge"
+        key = sql.SQL(", UNIQUE (id)" if merge else "")
+        with psycopg.connect(pg_available, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE TABLE {} (id bigint, v text, at timestamptz{})").format(
+                    sql.Identifier(pg_schema, "items"), key
+                )
+            )
+        connector = PostgresConnector(pg_available, table=self.table, fence_schema=pg_schema)
+        strategies = [LoadStrategy.APPEND, LoadStrategy.REPLACE, LoadStrategy.REPLACE_INTERVAL]
+        for strategy in strategies + ([LoadStrategy.MERGE] if merge else []):
+            connector.check_plan(self.plan(strategy))
+        yield connector
+        connector.close()
+
+    def test_small_writes_take_the_pipelined_path(self, connector: TargetConnectorPort) -> None:
+        """Guard against a vacuous class: a checked table's small write is an INSERT."""
+        self.load(connector, [(1, "a", None), (2, "", "2026-11-01T00:00:00Z")])
+        assert _pg(connector)._inserts, "the small path was not taken"
+        assert self._query(
+            sql.SQL("SELECT id, v, at IS NULL FROM {} ORDER BY id").format(
+                sql.Identifier(*self.table.split("."))
+            )
+        ) == [(1, "a", True), (2, None, False)]  # '' is NULL, as with COPY (NULL '')

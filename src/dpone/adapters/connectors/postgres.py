@@ -299,6 +299,90 @@ def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id
         ) from None
 
 
+# ----------------------------------------------------------------- small operations
+
+#: A load of at most this many rows is written by one multi-row INSERT, pipelined with
+#: the fence statements, instead of a COPY: COPY cannot join a pipeline, and for a few
+#: rows its extra round trips cost more than the rows themselves.
+SMALL_ROWS = 1000
+_MAX_PARAMS = 32_767  # well below the protocol's 65,535 bind parameters
+_SMALL_STRATEGIES = frozenset(
+    {LoadStrategy.APPEND, LoadStrategy.REPLACE, LoadStrategy.REPLACE_INTERVAL}
+)
+_STR = frozenset({str})
+
+
+def _take_small(batches: Rows, limit: int) -> tuple[list[Sequence[object]] | None, Rows]:
+    """Read ahead up to ``limit`` rows: (all the rows, -) if that is the whole load.
+
+    Otherwise (None, batches) where the returned batches start with those read ahead.
+    Reading ahead is read-only (the source's own end-of-file checks run here when the
+    load is small), so it happens before any lock is taken.
+    """
+    taken: list[Sequence[Sequence[object]]] = []
+    total = 0
+    it = iter(batches)
+    for batch in it:
+        taken.append(batch)
+        total += len(batch)
+        if total > limit:
+            return None, chain(taken, it)
+    return [row for batch in taken for row in batch], ()
+
+
+def _insert_params(
+    rows: Sequence[Sequence[object]], width: int, *, operation_id: str
+) -> list[str | None]:
+    """The rows' values as the text a COPY would carry, unescaped; ``''`` and None are NULL.
+
+    The parameters go out untyped (text), so the server parses each with the column's
+    input function exactly as COPY does.
+    """
+    if set(map(len, rows)) != {width}:
+        raise TargetWriteFailed(
+            f"a row does not have the plan's {width} values; nothing was written",
+            operation_id=operation_id,
+        )
+    values = [value for row in rows for value in row]
+    if set(map(type, values)) <= _STR:
+        return [value or None for value in values]  # type: ignore[misc]
+    try:
+        return [
+            None
+            if value is None or value == ""
+            else (value if isinstance(value, str) else _field(value))
+            for value in values
+        ]
+    except _UnsupportedValue as exc:
+        raise TargetWriteFailed(
+            f"a value of type {exc.kind} cannot be written to PostgreSQL; nothing was written",
+            operation_id=operation_id,
+            hint="give the column a string, number, boolean or timestamp",
+        ) from None
+
+
+def _insert_statement(plan: _Plan, rows: int) -> sql.Composed:
+    row = sql.SQL("({})").format(sql.SQL(", ").join([sql.Placeholder()] * len(plan.columns)))
+    return sql.SQL("INSERT INTO {} ({}) VALUES {}").format(
+        plan.table.ident, _column_list(plan.columns), sql.SQL(", ").join([row] * rows)
+    )
+
+
+def _clear_statement(plan: _Plan, raw: LoadPlan) -> tuple[sql.Composed, tuple[object, ...]] | None:
+    """The DELETE a replace strategy runs before its rows (same statements as ``_load``)."""
+    if raw.strategy is LoadStrategy.REPLACE:
+        return sql.SQL("DELETE FROM {}").format(plan.table.ident), ()
+    if raw.strategy is LoadStrategy.REPLACE_INTERVAL:
+        if raw.interval is None or plan.interval_column is None:  # _validate_plan refused
+            raise ConfigInvalid("replace_interval needs an interval", field="interval")
+        column = sql.Identifier(plan.interval_column)
+        statement = sql.SQL(
+            "DELETE FROM {t} WHERE {c}::timestamptz >= %s AND {c}::timestamptz < %s"
+        ).format(t=plan.table.ident, c=column)
+        return statement, (raw.interval.start, raw.interval.end)
+    return None
+
+
 # ----------------------------------------------------------------- fence rows
 
 _FenceRow = tuple[str, int, str | None, int | None, str | None]
@@ -527,6 +611,55 @@ def _merge_statements(plan: _Plan) -> tuple[sql.Composed, sql.Composed]:
     return create, upsert
 
 
+_BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED"
+_COMMIT = b"COMMIT"
+_INSERT_CACHE = 64  # rendered INSERT statements kept per connector (one per batch size)
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    """End a failed transaction; a connection that cannot is discarded by ``_session``."""
+    try:
+        if conn.info.transaction_status is not TransactionStatus.IDLE and not conn.broken:
+            conn.execute(b"ROLLBACK")
+    except psycopg.Error:
+        pass
+
+
+def _check_fence(
+    current: FenceObservation, *, operation_id: str, intent_digest: str, epoch: int
+) -> None:
+    """Refuse the write unless the locked fence is PREPARED at ``epoch`` for this intent."""
+    if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
+        at = f" at epoch {current.epoch}" if current.epoch is not None else ""
+        raise FencedOut(
+            f"the fence is {current.status.value}{at}, not prepared at this "
+            f"executor's epoch {epoch}; nothing was written",
+            operation_id=operation_id,
+        )
+    if current.intent_digest not in (None, intent_digest):
+        raise IntentConflict(
+            "the fence was prepared for another intent digest; nothing was written",
+            operation_id=operation_id,
+        )
+
+
+def _check_marked(rowcount: int, *, operation_id: str) -> None:
+    if rowcount != 1:  # impossible under the row lock; refuse, never guess
+        raise FencedOut(
+            "the fence moved during the write; nothing was written", operation_id=operation_id
+        )
+
+
+def _check_healthy(conn: psycopg.Connection[Any], *, operation_id: str) -> None:
+    if conn.info.transaction_status is not TransactionStatus.INTRANS:
+        # A failed statement whose error was swallowed (in within) leaves the
+        # transaction aborted: COMMIT would silently roll back. Say so.
+        raise TargetWriteFailed(
+            "the transaction was aborted by a failed statement before commit; nothing was written",
+            operation_id=operation_id,
+        )
+
+
 # ----------------------------------------------------------------- error translation
 
 # CREATE ... IF NOT EXISTS racing another session: a catalog unique violation or a
@@ -643,6 +776,7 @@ class PostgresConnector:
         # per connector): saves catalog round trips on every small operation. The write
         # itself still fails safely (rolled back) if the table changed since.
         self._verified: set[tuple[object, ...]] = set()
+        self._inserts: dict[tuple[_Plan, int], bytes] = {}
         self._lock = threading.RLock()  # re-entrant: within() may call back into observe
 
     @property
@@ -859,48 +993,52 @@ class PostgresConnector:
         held to the commit, exactly like ``FOR UPDATE``.
         """
         checked = self._plan(plan)
-        with self._session(action="mutate", operation_id=operation_id) as conn:
-            self._ensure_fence(conn)
-            with conn.transaction(), conn.cursor() as cur:
-                current = self._lock_fence(
-                    cur,
-                    operation_id=operation_id,
-                    intent_digest=intent_digest,
-                    epoch=epoch,
-                    prepare=prepare,
-                )
-                if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
-                    at = f" at epoch {current.epoch}" if current.epoch is not None else ""
-                    raise FencedOut(
-                        f"the fence is {current.status.value}{at}, not prepared at this "
-                        f"executor's epoch {epoch}; nothing was written",
+        key = _verified_key(plan)
+        small: list[Sequence[object]] | None = None
+        if plan.strategy in _SMALL_STRATEGIES and key in self._verified:
+            limit = min(SMALL_ROWS, _MAX_PARAMS // len(checked.columns))
+            small, batches = _take_small(batches, limit)
+        try:
+            with self._session(action="mutate", operation_id=operation_id) as conn:
+                self._ensure_fence(conn)
+                if small is not None:
+                    count = self._mutate_small(
+                        conn,
+                        checked,
+                        plan,
+                        small,
                         operation_id=operation_id,
+                        intent_digest=intent_digest,
+                        epoch=epoch,
+                        content_digest=content_digest,
+                        within=within,
+                        prepare=prepare,
                     )
-                if current.intent_digest not in (None, intent_digest):
-                    raise IntentConflict(
-                        "the fence was prepared for another intent digest; nothing was written",
+                    return MutationReport(row_count=count, content_digest=content_digest)
+                with conn.transaction(), conn.cursor() as cur:
+                    current = self._lock_fence(
+                        cur,
                         operation_id=operation_id,
+                        intent_digest=intent_digest,
+                        epoch=epoch,
+                        prepare=prepare,
                     )
-                key = _verified_key(plan)
-                if key not in self._verified and self._prepare_table(cur, checked, plan.table):
-                    self._verified.add(key)
-                count = self._load(cur, checked, plan, batches, operation_id=operation_id)
-                cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
-                if cur.rowcount != 1:  # impossible under the row lock; refuse, never guess
-                    raise FencedOut(
-                        "the fence moved during the write; nothing was written",
-                        operation_id=operation_id,
+                    _check_fence(
+                        current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
                     )
-                if within is not None:
-                    within(conn)
-                if conn.info.transaction_status is not TransactionStatus.INTRANS:
-                    # A failed statement whose error was swallowed (in within) leaves the
-                    # transaction aborted: COMMIT would silently roll back. Say so.
-                    raise TargetWriteFailed(
-                        "the transaction was aborted by a failed statement before commit; "
-                        "nothing was written",
-                        operation_id=operation_id,
-                    )
+                    if key not in self._verified and self._prepare_table(cur, checked, plan.table):
+                        self._verified.add(key)
+                    count = self._load(cur, checked, plan, batches, operation_id=operation_id)
+                    cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
+                    _check_marked(cur.rowcount, operation_id=operation_id)
+                    if within is not None:
+                        within(conn)
+                    _check_healthy(conn, operation_id=operation_id)
+        except (TargetSchemaMismatch, ConfigInvalid):
+            # The table changed since it was checked (a column or the table dropped): the
+            # write was refused and rolled back; check it again on the next operation.
+            self._verified.discard(key)
+            raise
         return MutationReport(row_count=count, content_digest=content_digest)
 
     def _lock_fence(
@@ -922,6 +1060,77 @@ class PostgresConnector:
             # Refused (committed, or a higher epoch): the upsert still holds the row
             # lock, so this read is current.
         return _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
+
+    def _mutate_small(
+        self,
+        conn: psycopg.Connection[Any],
+        plan: _Plan,
+        raw: LoadPlan,
+        rows: list[Sequence[object]],
+        *,
+        operation_id: str,
+        intent_digest: str,
+        epoch: int,
+        content_digest: str,
+        within: WithinTransaction | None,
+        prepare: bool,
+    ) -> int:
+        """``mutate`` for a few rows: the same statements, pipelined, and an INSERT for COPY.
+
+        Round trips: BEGIN, the fence upsert and lock, the rows and the fence commit go
+        out together and are judged at one sync; ``within`` runs in the open
+        transaction (the pipeline fetches what it needs); then COMMIT. A refused fence
+        or any error rolls the whole transaction back before anything is committed.
+        """
+        params = _insert_params(rows, len(plan.columns), operation_id=operation_id)
+        insert = self._small_insert(plan, len(rows)) if rows else None
+        clear = _clear_statement(plan, raw)
+        try:
+            with conn.pipeline() as pipeline:
+                conn.execute(_BEGIN)
+                if prepare:
+                    conn.execute(self._sql.prepare, (operation_id, intent_digest, epoch))
+                fence = conn.execute(self._sql.lock, (operation_id,))
+                if clear is not None:
+                    conn.execute(*clear)
+                if insert is not None:
+                    try:
+                        conn.execute(insert, params)
+                    except UnicodeEncodeError:
+                        raise TargetWriteFailed(
+                            "a text value is not valid Unicode (a lone surrogate); nothing "
+                            "was written",
+                            operation_id=operation_id,
+                        ) from None
+                marked = conn.execute(
+                    self._sql.commit, (len(rows), content_digest, operation_id, epoch)
+                )
+                pipeline.sync()
+                _check_fence(
+                    _observation(fence.fetchone()),
+                    operation_id=operation_id,
+                    intent_digest=intent_digest,
+                    epoch=epoch,
+                )
+                _check_marked(marked.rowcount, operation_id=operation_id)
+                if within is not None:
+                    within(conn)
+                _check_healthy(conn, operation_id=operation_id)
+                conn.execute(_COMMIT)  # sent and confirmed by the pipeline's closing sync
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+        return len(rows)
+
+    def _small_insert(self, plan: _Plan, rows: int) -> bytes:
+        """The multi-row INSERT for ``rows`` rows, rendered once per connector and size."""
+        statement = self._inserts.get((plan, rows))
+        if statement is None:
+            if len(self._inserts) >= _INSERT_CACHE:
+                self._inserts.clear()
+            statement = _insert_statement(plan, rows).as_bytes(None)
+            self._inserts[(plan, rows)] = statement
+        return statement
 
     def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> bool:
         """Create the table or check it; True when it existed before this transaction."""
