@@ -8,7 +8,7 @@ from typing import Protocol
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 
-__all__ = ["CommitJournalPort", "TransactionalJournalPort"]
+__all__ = ["CommitJournalPort", "FoldingJournalPort", "TransactionalJournalPort"]
 
 
 class CommitJournalPort(Protocol):
@@ -177,4 +177,36 @@ class TransactionalJournalPort(CommitJournalPort, Protocol):
 
     def shares_database_with(self, locator: str) -> bool:
         """Return True when ``locator`` (a target's database identity) is this journal's."""
+        ...
+
+
+class FoldingJournalPort(TransactionalJournalPort, Protocol):
+    """A transactional journal that can also create an entry inside the target transaction.
+
+    Used for the first attempt of an atomic operation (ADR 0003): the entry is born
+    COMPLETE in the same transaction as the data and the fence, so creation, lease and
+    completion need no durability point of their own.
+    """
+
+    def create_complete_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Insert the entry already COMPLETE (version 2, lease epoch 1, lease ended).
+
+        History: ``create`` and ``lease`` at version 1, then the atomic fold
+        PREPARING -> ... -> COMPLETE at version 2, exactly as the unfolded path writes it.
+
+        Raises:
+            JournalConflict: the entry already exists; the caller rolls ``txn`` back and
+                reads the journal.
+            JournalUnavailable: the statement failed (the transaction is then aborted).
+        """
         ...

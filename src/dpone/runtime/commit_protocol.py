@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from dpone.contracts.fence import (
     FenceCapability,
@@ -22,14 +23,16 @@ from dpone.errors import (
     CommitUnknown,
     DponeError,
     FencedOut,
+    FenceUnavailable,
     IntentConflict,
     JournalConflict,
+    JournalUnavailable,
     LeaseLost,
     RecoveryConflict,
     recovery_ref,
 )
 from dpone.ports.connector import TargetConnectorPort
-from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
+from dpone.ports.journal import CommitJournalPort, FoldingJournalPort, TransactionalJournalPort
 from dpone.ports.source import SourcePort
 from dpone.runtime import failpoints
 from dpone.runtime.lease import LeaseKeeper, acquire
@@ -40,6 +43,7 @@ __all__ = ["CommitProtocol", "OperationSpec"]
 S = CommitState
 _log = logging.getLogger("dpone.runtime")
 _MAX_RESTARTS = 5
+_FIRST_EPOCH = 1  # the lease epoch an entry is born with (create + lease, ADR 0002)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +87,13 @@ class CommitProtocol:
         # an unproven write is never settled automatically (it becomes COMMIT_UNKNOWN)
         self._auto_recover = auto_recover and connector.capability is not FenceCapability.NONE
         self._ended: set[tuple[str, int]] = set()  # (operation, epoch) leases ended by COMPLETE
+        # A journal that can create the entry inside the target transaction: an atomic
+        # first attempt is then one commit (ADR 0003)
+        self._fold: FoldingJournalPort | None = (
+            cast(FoldingJournalPort, atomic_journal)
+            if getattr(atomic_journal, "create_complete_within", None) is not None
+            else None
+        )
 
     @property
     def mode(self) -> RunMode:
@@ -103,6 +114,11 @@ class CommitProtocol:
         """
         held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
         existing = self._journal.get(spec.operation_id)
+        if existing is None and self._fold is not None:
+            folded = self._atomic_first(spec, self._fold)
+            if folded is not None:
+                return folded
+            existing = self._journal.get(spec.operation_id)  # another executor was first
         if existing is not None:
             self._check_intent(existing, spec)
             if existing.state is S.COMPLETE:
@@ -449,6 +465,102 @@ class CommitProtocol:
         self._ended.add((done.operation_id, done.lease_epoch))
         self._emit(done, "transition")
         return self._recorded(done, replayed=False, resumed=resumed)
+
+    def _atomic_first(
+        self, spec: OperationSpec, journal: FoldingJournalPort
+    ) -> OperationResult | None:
+        """A new operation in atomic mode: entry, data and fence in ONE target transaction.
+
+        The entry is born COMPLETE inside the transaction that writes the rows and
+        commits the fence (ADR 0003): create, lease and COMPLETE need no durability
+        point of their own, and a crash anywhere before the commit leaves nothing at all.
+        Returns None when another executor got there first (its fence or its entry
+        refused ours, and everything rolled back): the caller reads the journal.
+        """
+        self._connector.check_plan(spec.plan)  # read-only: fail before any write
+        tally = RowTally()
+        written: list[JournalEntry] = []
+        fence = FenceObservation(
+            status=FenceStatus.COMMITTED,
+            epoch=_FIRST_EPOCH,
+            intent_digest=spec.intent_digest,
+            content_digest=spec.source_identity,
+        )
+
+        def within(txn: object) -> None:
+            failpoints.hit("fence.mutate.before_commit")
+            failpoints.hit("before:journal.create")
+            written.append(
+                journal.create_complete_within(
+                    txn,
+                    operation_id=spec.operation_id,
+                    intent_digest=spec.intent_digest,
+                    metadata=spec.metadata,
+                    actor=self._owner,
+                    result=self._result_fields(spec, fence, tally),
+                    evidence={"mode": RunMode.ATOMIC.value},
+                )
+            )
+            failpoints.hit("after:journal.create")
+            failpoints.hit("before:COMPLETE")
+
+        failpoints.hit("before:fence.mutate")
+        try:
+            self._connector.mutate(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                epoch=_FIRST_EPOCH,
+                plan=spec.plan,
+                batches=self._rows(spec, tally),
+                content_digest=spec.source_identity,
+                within=within,
+                prepare=True,
+            )
+        except (FencedOut, JournalConflict):
+            return None  # rolled back: the fence or the entry belongs to another executor
+        except DponeError as exc:
+            self._record_failed_first(spec, exc)
+            raise
+        failpoints.hit("after:fence.mutate")
+        failpoints.hit("after:COMPLETE")
+        done = written[-1]
+        self._emit(done, "intent")
+        self._emit(done, "transition")
+        return self._recorded(done, replayed=False)
+
+    def _record_failed_first(self, spec: OperationSpec, primary: DponeError) -> None:
+        """The folded transaction rolled back: record why, as the unfolded path would.
+
+        Creates the entry (leased) and moves it to FAILED_PRE_COMMIT, so the journal
+        tells an operator that this operation was tried. A lock or connection failure
+        is not recorded: it says another executor (or the server) is busy, not that this
+        operation failed, and a journal write now would only get in that executor's way.
+        """
+        if isinstance(primary, FenceUnavailable | JournalUnavailable):
+            return
+        try:
+            entry = self._journal.create_intent(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                metadata=spec.metadata,
+                actor=self._owner,
+                lease_owner=self._owner,
+                lease_ttl_seconds=spec.lease_ttl_seconds,
+            )
+        except DponeError as secondary:
+            _log.warning(
+                "could not record the failed attempt (%s)",
+                secondary.code.value,
+                extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
+            )
+            return
+        if entry.lease_owner != self._owner or entry.version != 1:
+            return  # another executor's entry: not ours to write
+        self._emit(entry, "intent")
+        try:
+            self._fail_pre_commit(entry, primary)
+        finally:
+            self._release(entry)
 
     # ------------------------------------------------------------------ helpers
     def _rows(self, spec: OperationSpec, tally: RowTally) -> Iterator[list[tuple[object, ...]]]:

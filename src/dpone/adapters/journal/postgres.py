@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -25,10 +26,10 @@ from dpone.adapters.journal._rows import entry_from_row as _entry
 from dpone.adapters.journal._rows import transition_from_row as _transition
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
-from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
+from dpone.errors import ConfigInvalid, DponeError, JournalConflict, JournalUnavailable
 
 if TYPE_CHECKING:
-    from dpone.ports.journal import TransactionalJournalPort
+    from dpone.ports.journal import FoldingJournalPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
 
@@ -42,6 +43,7 @@ _APPLICATION_NAME = "dpone-journal"
 _STATEMENT_MARGIN_S = 30.0
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
+_FROM_PREPARING = frozenset({CommitState.PREPARING})
 
 
 # Migrations, in order; entry N-1 brings the schema to version N. Never edit a released
@@ -169,6 +171,7 @@ class _Statements:
     record_version: str
     create_schema: str
     create_intent: str
+    create_complete: str
     cas: str
     cas_audited: str
     acquire: str
@@ -272,6 +275,30 @@ class _Statements:
                 SELECT {_entry_columns("x")} FROM {j} AS x
                 WHERE x.operation_id = %(operation_id)s AND NOT EXISTS (SELECT 1 FROM created)
             """,
+            # Atomic mode's first attempt (ADR 0003): the entry is born COMPLETE inside the
+            # target transaction, its whole history with it. No ON CONFLICT: an existing
+            # entry is a unique violation that aborts the transaction, data included.
+            create_complete=f"""
+                WITH created AS (
+                    INSERT INTO {j} (operation_id, intent_digest, state, previous_state, version,
+                                     lease_owner, lease_epoch, lease_expires_at, metadata,
+                                     result, created_at, updated_at)
+                    SELECT %(operation_id)s, %(intent_digest)s, %(state)s, %(previous_state)s,
+                           %(version)s, NULL, %(lease_epoch)s, clock.now, %(metadata)s::jsonb,
+                           %(result)s::jsonb, clock.now, clock.now
+                    FROM (SELECT clock_timestamp() AS now) AS clock
+                    RETURNING *
+                ), history AS (
+                    INSERT INTO {t} ({_TRANSITION_INSERT})
+                    SELECT c.operation_id, step.version, step.seq, step.from_state, step.to_state,
+                           step.kind, step.actor, c.lease_epoch, step.evidence, c.created_at
+                    FROM created AS c
+                    CROSS JOIN jsonb_to_recordset(%(steps)s::jsonb)
+                         AS step(version bigint, seq int, from_state text, to_state text,
+                                 kind text, actor text, evidence jsonb)
+                )
+                SELECT {_entry_columns("c")} FROM created AS c
+            """,
             cas=cas_head + "\n" + cas_tail,
             cas_audited=cas_head + audit_cte + "\n" + cas_tail,
             # The lease predicate mirrors _rules.lease_is_free, judged by the server clock;
@@ -352,7 +379,7 @@ class _Statements:
 
 # ---------------------------------------------------------------------- the adapter
 class PostgresCommitJournal:
-    """A CommitJournalPort (and TransactionalJournalPort) in one PostgreSQL schema.
+    """A CommitJournalPort (transactional and folding, see the ports) in one PostgreSQL schema.
 
     Every method is one round trip on a pooled autocommit connection: each write is a
     single statement whose CTEs add the history and audit rows, so a CAS is one
@@ -435,6 +462,7 @@ class PostgresCommitJournal:
         # libpq's view (host as connected, port, dbname) of our own connections; a
         # target transaction must show the same one to join atomic mode.
         self._server: str | None = None
+        self._same_server: dict[tuple[str, int, str], bool] = {}
 
     # ------------------------------------------------------------------ identity
     @property
@@ -673,19 +701,64 @@ class PostgresCommitJournal:
             audit=None,
             release_lease=release_lease,
         )
-        server = self._server_identity()
-        if txn.info.transaction_status != TransactionStatus.INTRANS:
-            raise ValueError(
-                "txn must be inside an open, healthy transaction: atomic mode needs it"
-            )
-        if _info_locator(txn.info) != server:
-            raise ValueError("txn is connected to another database than this journal's")
+        self._check_txn(txn)
         try:
             # The target may use another row factory; decoding expects tuples.
             with txn.cursor(row_factory=tuple_row) as cur:
                 return self._cas(cur, query, params, expected_states=expected_states)
         except psycopg.Error as exc:
             raise self._translate(exc, "write the journal state in the target transaction") from exc
+
+    def create_complete_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Insert the entry already COMPLETE, in the target's open transaction ``txn``.
+
+        The atomic first attempt (ADR 0003): one INSERT whose CTE writes the history the
+        unfolded path would (``create`` and ``lease`` at version 1, the fold to COMPLETE
+        at version 2); the lease ends in the same write. ``txn`` is never begun,
+        committed or rolled back here.
+
+        Raises:
+            TypeError: ``txn`` is not a ``psycopg.Connection``.
+            ValueError: ``txn`` is not in a transaction or is connected elsewhere.
+            JournalConflict: the entry already exists (committed by another executor);
+                the transaction is aborted and the caller must roll it back.
+            JournalUnavailable: the statement failed (the transaction is then aborted).
+        """
+        if not isinstance(txn, psycopg.Connection):
+            raise TypeError("txn must be the target's psycopg.Connection")
+        params = self._create_complete_params(
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=result,
+            evidence=evidence,
+        )
+        self._check_txn(txn)
+        try:
+            with txn.cursor(row_factory=tuple_row) as cur:
+                row = cur.execute(self._sql.create_complete, params).fetchone()
+        except pg_errors.UniqueViolation as exc:
+            raise JournalConflict(
+                "the journal entry was created by another executor first; read it and decide again",
+                operation_id=operation_id,
+            ) from exc
+        except psycopg.Error as exc:
+            raise self._translate(
+                exc, "create the journal entry in the target transaction"
+            ) from exc
+        assert row is not None  # noqa: S101 - INSERT ... RETURNING of one row
+        return _entry(row)
 
     def acquire_lease(
         self,
@@ -896,6 +969,99 @@ class PostgresCommitJournal:
         )
         return self._sql.cas_audited, params
 
+    def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
+        """Refuse a target transaction that is not open or not in this journal's database."""
+        server = self._server_identity()
+        info = txn.info
+        if info.transaction_status != TransactionStatus.INTRANS:
+            raise ValueError(
+                "txn must be inside an open, healthy transaction: atomic mode needs it"
+            )
+        key = (info.host, info.port, info.dbname)
+        same = self._same_server.get(key)
+        if same is None:  # libpq's view of a connection never changes: judge it once
+            same = self._same_server[key] = _info_locator(info) == server
+        if not same:
+            raise ValueError("txn is connected to another database than this journal's")
+
+    def _create_complete_params(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None,
+    ) -> dict[str, Any]:
+        """Check the values and build the history rows of an entry born COMPLETE."""
+        _rules.check_identity("operation_id", operation_id)
+        _rules.check_identity("intent_digest", intent_digest)
+        _rules.safe_actor(actor)
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=_FROM_PREPARING,
+            next_state=CommitState.COMPLETE,
+            atomic=True,
+            audited=False,
+        )
+        safe_metadata = _rules.safe_values(metadata)
+        safe_evidence = _rules.safe_values(evidence)
+        born = JournalEntry(
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            state=CommitState.PREPARING,
+            version=1,
+            lease_owner=actor,
+            lease_epoch=1,
+            lease_expires_at=None,
+            metadata=safe_metadata,
+            result=None,
+            created_at=0.0,  # the statement writes the server's time
+            updated_at=0.0,
+        )
+        steps = (
+            _rules.create_row(born, actor=actor),
+            _rules.lease_row(born, seq=1),
+            *_rules.transition_rows(
+                operation_id=operation_id,
+                from_state=CommitState.PREPARING,
+                to_state=CommitState.COMPLETE,
+                version=2,
+                actor=actor,
+                lease_epoch=1,
+                evidence=safe_evidence,
+                at=0.0,
+            ),
+        )
+        return {
+            "operation_id": operation_id,
+            "intent_digest": intent_digest,
+            "state": CommitState.COMPLETE.value,
+            "previous_state": CommitState.PREPARING.value,
+            "version": 2,
+            "lease_epoch": 1,
+            "metadata": _rules.encode_mapping(safe_metadata),
+            "result": _rules.encode_mapping(_rules.safe_values(result)),
+            # one JSON document, not seven arrays: cheaper to send than array literals
+            "steps": json.dumps(
+                [
+                    {
+                        "version": t.version,
+                        "seq": t.seq,
+                        "from_state": None if t.from_state is None else t.from_state.value,
+                        "to_state": t.to_state.value,
+                        "kind": t.kind,
+                        "actor": t.actor,
+                        "evidence": dict(t.evidence),
+                    }
+                    for t in steps
+                ],
+                ensure_ascii=False,
+                allow_nan=False,
+            ),
+        }
+
     def _cas(
         self,
         conn: _Conn | psycopg.Cursor[tuple[Any, ...]],
@@ -1089,6 +1255,6 @@ def _info_locator(info: psycopg.ConnectionInfo) -> str:
 # ---------------------------------------------------------------------- row decoding
 if TYPE_CHECKING:
 
-    def _conforms(journal: PostgresCommitJournal) -> TransactionalJournalPort:
+    def _conforms(journal: PostgresCommitJournal) -> FoldingJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
         return journal
