@@ -10,8 +10,9 @@ import pytest
 from psycopg import sql
 
 from dpone.adapters.connectors.postgres import PostgresConnector
-from dpone.contracts.fence import FenceCapability
+from dpone.contracts.fence import FenceCapability, FenceStatus
 from dpone.contracts.load import LoadStrategy
+from dpone.errors import TargetWriteFailed
 from dpone.ports.connector import TargetConnectorPort
 from dpone.testing.fence_conformance import FenceConformance
 
@@ -107,3 +108,19 @@ class TestPostgresFenceSmallPath(TestPostgresFence):
                 sql.Identifier(*self.table.split("."))
             )
         ) == [(1, "a", True), (2, None, False)]  # '' is NULL, as with COPY (NULL '')
+
+    def test_a_value_the_server_rejects_rolls_the_pipeline_back(
+        self, connector: TargetConnectorPort
+    ) -> None:
+        """A failed statement inside the pipeline: nothing written, fence still prepared,
+        and the connection is rolled back and kept (not left in a failed transaction)."""
+        op, intent = self.new_operation()
+        connector.prepare(operation_id=op, intent_digest=intent, epoch=1)
+        before = _pg(connector)._conn
+        with pytest.raises(TargetWriteFailed):
+            self.mutate(connector, (op, intent), epoch=1, rows=[(1, "a", None), ("x", "b", None)])
+        assert self.count_rows(connector, self.table) == 0
+        assert connector.observe(operation_id=op).status is FenceStatus.PREPARED
+        assert _pg(connector)._conn is before
+        self.mutate(connector, (op, intent), epoch=1, rows=[(1, "a", None)])
+        assert self.count_rows(connector, self.table) == 1

@@ -926,6 +926,13 @@ class PostgresConnector:
                 _check_table(cur, info, checked, plan.table)
                 self._verified.add(_verified_key(plan))
 
+    def _explain_refusal(self, plan: LoadPlan, refused: DponeError) -> None:
+        """Raise check_plan's precise error for a table that refused a cached plan."""
+        try:
+            self.check_plan(plan)
+        except (TargetSchemaMismatch, ConfigInvalid) as precise:
+            raise precise from refused
+
     def prepare(self, *, operation_id: str, intent_digest: str, epoch: int) -> FenceObservation:
         """Install the fence or raise its epoch; never lower it, never touch a committed row."""
         with self._session(action="prepare", operation_id=operation_id) as conn:
@@ -1034,10 +1041,14 @@ class PostgresConnector:
                     if within is not None:
                         within(conn)
                     _check_healthy(conn, operation_id=operation_id)
-        except (TargetSchemaMismatch, ConfigInvalid):
+        except (TargetSchemaMismatch, ConfigInvalid) as exc:
             # The table changed since it was checked (a column or the table dropped): the
-            # write was refused and rolled back; check it again on the next operation.
+            # write was refused and rolled back. Check it again now, to say exactly what
+            # no longer fits, and on the next operation.
+            cached = key in self._verified
             self._verified.discard(key)
+            if cached:
+                self._explain_refusal(plan, exc)
             raise
         return MutationReport(row_count=count, content_digest=content_digest)
 
