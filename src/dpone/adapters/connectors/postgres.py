@@ -777,6 +777,7 @@ class PostgresConnector:
         # itself still fails safely (rolled back) if the table changed since.
         self._verified: set[tuple[object, ...]] = set()
         self._inserts: dict[tuple[_Plan, int], bytes] = {}
+        self._plans: dict[tuple[object, ...], _Plan] = {}
         self._lock = threading.RLock()  # re-entrant: within() may call back into observe
 
     @property
@@ -905,6 +906,28 @@ class PostgresConnector:
     # ----------------------------------------------------------------- port
 
     def _plan(self, plan: LoadPlan) -> _Plan:
+        # Validated once per plan shape (everything but the interval's bounds): every
+        # small operation of a Runner has the same one.
+        shape = (
+            plan.table,
+            plan.strategy,
+            plan.columns,
+            plan.key,
+            plan.interval_column,
+            plan.interval is None,
+        )
+        try:
+            hash(shape)
+        except TypeError:  # an unhashable value: validate (and refuse), never cache
+            return self._validated(plan)
+        checked = self._plans.get(shape)
+        if checked is None:
+            checked = self._validated(plan)
+            if len(self._plans) < _INSERT_CACHE:
+                self._plans[shape] = checked
+        return checked
+
+    def _validated(self, plan: LoadPlan) -> _Plan:
         checked = _validate_plan(plan, fence_schema=self._fence_schema)
         if checked.table != self._table:
             raise ConfigInvalid(
