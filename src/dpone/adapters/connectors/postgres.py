@@ -412,6 +412,8 @@ class _Statements:
     prepare: sql.Composed
     seal: sql.Composed
     commit: sql.Composed
+    prepare_committed: sql.Composed
+    commit_checked: sql.Composed
 
     @classmethod
     def build(cls, schema: str) -> _Statements:
@@ -463,6 +465,28 @@ class _Statements:
                 "UPDATE {fence} SET state = 'committed', row_count = %s, content_digest = %s, "
                 "committed_at = now() "
                 "WHERE operation_id = %s AND epoch = %s AND state = 'prepared'"
+            ).format(fence=fence),
+            # The small path (row count known before the write): ``prepare`` and
+            # ``commit`` as one locking statement, under the same conditions. The row is
+            # locked before WHERE is judged, so a refusal can be read back under the lock.
+            prepare_committed=sql.SQL(
+                "INSERT INTO {fence} AS f (operation_id, intent_digest, epoch, state, "
+                "row_count, content_digest, committed_at) "
+                "VALUES (%s, %s, %s, 'committed', %s, %s, now()) "
+                "ON CONFLICT (operation_id) DO UPDATE "
+                "SET epoch = EXCLUDED.epoch, intent_digest = EXCLUDED.intent_digest, "
+                "state = 'committed', row_count = EXCLUDED.row_count, "
+                "content_digest = EXCLUDED.content_digest, committed_at = EXCLUDED.committed_at "
+                "WHERE f.state = 'prepared' AND f.epoch <= EXCLUDED.epoch "
+                "RETURNING f.epoch"
+            ).format(fence=fence),
+            # ... and ``commit`` alone, with the checks mutate makes under the lock.
+            commit_checked=sql.SQL(
+                "UPDATE {fence} SET state = 'committed', row_count = %s, content_digest = %s, "
+                "committed_at = now() "
+                "WHERE operation_id = %s AND epoch = %s AND state = 'prepared' "
+                "AND (intent_digest IS NULL OR intent_digest = %s) "
+                "RETURNING epoch"
             ).format(fence=fence),
         )
 
@@ -1109,22 +1133,32 @@ class PostgresConnector:
         within: WithinTransaction | None,
         prepare: bool,
     ) -> int:
-        """``mutate`` for a few rows: the same statements, pipelined, and an INSERT for COPY.
+        """``mutate`` for a few rows: pipelined, one INSERT instead of COPY.
 
-        Round trips: BEGIN, the fence upsert and lock, the rows and the fence commit go
-        out together and are judged at one sync; ``within`` runs in the open
-        transaction (the pipeline fetches what it needs); then COMMIT. A refused fence
-        or any error rolls the whole transaction back before anything is committed.
+        The row count is known before the write, so the fence is installed (or raised)
+        and marked committed by ONE locking statement, under the conditions ``mutate``
+        checks (prepared, not above ``epoch``; with ``prepare`` False: prepared at
+        ``epoch`` for this intent). BEGIN, that statement and the rows go out together
+        and are judged at one sync; ``within`` runs in the open transaction; then
+        COMMIT. A refusal or any error rolls the whole transaction back.
         """
         params = _insert_params(rows, len(plan.columns), operation_id=operation_id)
         insert = self._small_insert(plan, len(rows)) if rows else None
         clear = _clear_statement(plan, raw)
+        count = len(rows)
         try:
             with conn.pipeline() as pipeline:
                 conn.execute(_BEGIN)
                 if prepare:
-                    conn.execute(self._sql.prepare, (operation_id, intent_digest, epoch))
-                fence = conn.execute(self._sql.lock, (operation_id,))
+                    fence = conn.execute(
+                        self._sql.prepare_committed,
+                        (operation_id, intent_digest, epoch, count, content_digest),
+                    )
+                else:
+                    fence = conn.execute(
+                        self._sql.commit_checked,
+                        (count, content_digest, operation_id, epoch, intent_digest),
+                    )
                 if clear is not None:
                     conn.execute(*clear)
                 if insert is not None:
@@ -1136,17 +1170,14 @@ class PostgresConnector:
                             "was written",
                             operation_id=operation_id,
                         ) from None
-                marked = conn.execute(
-                    self._sql.commit, (len(rows), content_digest, operation_id, epoch)
-                )
                 pipeline.sync()
-                _check_fence(
-                    _observation(fence.fetchone()),
-                    operation_id=operation_id,
-                    intent_digest=intent_digest,
-                    epoch=epoch,
-                )
-                _check_marked(marked.rowcount, operation_id=operation_id)
+                if fence.fetchone() is None:
+                    # Refused: the statement holds the row lock, so this read is current.
+                    current = _observation(conn.execute(self._sql.lock, (operation_id,)).fetchone())
+                    _check_fence(
+                        current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
+                    )
+                    _check_marked(0, operation_id=operation_id)  # never reached: refused
                 if within is not None:
                     within(conn)
                 _check_healthy(conn, operation_id=operation_id)
@@ -1154,7 +1185,7 @@ class PostgresConnector:
         except BaseException:
             _rollback_quietly(conn)
             raise
-        return len(rows)
+        return count
 
     def _small_insert(self, plan: _Plan, rows: int) -> bytes:
         """The multi-row INSERT for ``rows`` rows, rendered once per connector and size."""

@@ -9,7 +9,8 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
+from functools import cache
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -375,6 +376,60 @@ class _Statements:
             ),
             now=f"SELECT {_NOW}",
         )
+
+
+@cache
+def _born_complete_steps() -> tuple[tuple[int, int, str | None, str, str], ...]:
+    """(version, seq, from, to, kind) of an entry born COMPLETE, from the shared rules.
+
+    ``create`` and ``lease`` at version 1 (``_rules.create_row``, ``_rules.lease_row``),
+    then the atomic fold PREPARING -> COMPLETE at version 2 (``_rules.transition_rows``);
+    built once, the actor and evidence are filled in per entry.
+    """
+    _rules.check_move(
+        operation_id="born-complete",
+        expected_states=_FROM_PREPARING,
+        next_state=CommitState.COMPLETE,
+        atomic=True,
+        audited=False,
+    )
+    born = JournalEntry(
+        operation_id="born-complete",
+        intent_digest="-",
+        state=CommitState.PREPARING,
+        version=1,
+        lease_owner="-",
+        lease_epoch=1,
+        lease_expires_at=None,
+        metadata=MappingProxyType({}),
+        result=None,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+    rows = (
+        _rules.create_row(born, actor="-"),
+        _rules.lease_row(born, seq=1),
+        *_rules.transition_rows(
+            operation_id=born.operation_id,
+            from_state=CommitState.PREPARING,
+            to_state=CommitState.COMPLETE,
+            version=2,
+            actor="-",
+            lease_epoch=1,
+            evidence=MappingProxyType({}),
+            at=0.0,
+        ),
+    )
+    return tuple(
+        (
+            t.version,
+            t.seq,
+            None if t.from_state is None else t.from_state.value,
+            t.to_state.value,
+            t.kind,
+        )
+        for t in rows
+    )
 
 
 # ---------------------------------------------------------------------- the adapter
@@ -998,42 +1053,24 @@ class PostgresCommitJournal:
         _rules.check_identity("operation_id", operation_id)
         _rules.check_identity("intent_digest", intent_digest)
         _rules.safe_actor(actor)
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=_FROM_PREPARING,
-            next_state=CommitState.COMPLETE,
-            atomic=True,
-            audited=False,
-        )
-        safe_metadata = _rules.safe_values(metadata)
-        safe_evidence = _rules.safe_values(evidence)
-        born = JournalEntry(
-            operation_id=operation_id,
-            intent_digest=intent_digest,
-            state=CommitState.PREPARING,
-            version=1,
-            lease_owner=actor,
-            lease_epoch=1,
-            lease_expires_at=None,
-            metadata=safe_metadata,
-            result=None,
-            created_at=0.0,  # the statement writes the server's time
-            updated_at=0.0,
-        )
-        steps = (
-            _rules.create_row(born, actor=actor),
-            _rules.lease_row(born, seq=1),
-            *_rules.transition_rows(
-                operation_id=operation_id,
-                from_state=CommitState.PREPARING,
-                to_state=CommitState.COMPLETE,
-                version=2,
-                actor=actor,
-                lease_epoch=1,
-                evidence=safe_evidence,
-                at=0.0,
-            ),
-        )
+        safe_evidence: dict[str, object] = dict(_rules.safe_values(evidence))
+        by_kind: dict[str, dict[str, object]] = {
+            "create": {},
+            "lease": {"owner": actor, "lease_epoch": 1},
+            "fold": safe_evidence,
+        }
+        steps = [
+            {
+                "version": version,
+                "seq": seq,
+                "from_state": frm,
+                "to_state": to,
+                "kind": kind,
+                "actor": actor,
+                "evidence": by_kind[kind],
+            }
+            for version, seq, frm, to, kind in _born_complete_steps()
+        ]
         return {
             "operation_id": operation_id,
             "intent_digest": intent_digest,
@@ -1041,25 +1078,10 @@ class PostgresCommitJournal:
             "previous_state": CommitState.PREPARING.value,
             "version": 2,
             "lease_epoch": 1,
-            "metadata": _rules.encode_mapping(safe_metadata),
+            "metadata": _rules.encode_mapping(_rules.safe_values(metadata)),
             "result": _rules.encode_mapping(_rules.safe_values(result)),
             # one JSON document, not seven arrays: cheaper to send than array literals
-            "steps": json.dumps(
-                [
-                    {
-                        "version": t.version,
-                        "seq": t.seq,
-                        "from_state": None if t.from_state is None else t.from_state.value,
-                        "to_state": t.to_state.value,
-                        "kind": t.kind,
-                        "actor": t.actor,
-                        "evidence": dict(t.evidence),
-                    }
-                    for t in steps
-                ],
-                ensure_ascii=False,
-                allow_nan=False,
-            ),
+            "steps": json.dumps(steps, ensure_ascii=False, allow_nan=False),
         }
 
     def _cas(
