@@ -361,11 +361,26 @@ def _insert_params(
         ) from None
 
 
-def _insert_statement(plan: _Plan, rows: int) -> sql.Composed:
-    row = sql.SQL("({})").format(sql.SQL(", ").join([sql.Placeholder()] * len(plan.columns)))
-    return sql.SQL("INSERT INTO {} ({}) VALUES {}").format(
-        plan.table.ident, _column_list(plan.columns), sql.SQL(", ").join([row] * rows)
-    )
+def _small_write(
+    plan: _Plan, rows: int, *, fence: sql.Composable, clear: sql.Composable | None
+) -> sql.Composed:
+    """ONE statement: the fence statement (RETURNING epoch), the replace DELETE, the rows.
+
+    Data-modifying CTEs run to completion whatever the main query reads, all in the
+    statement's snapshot: the DELETE sees only rows committed before it, never the new
+    ones. The main query reads the fence's RETURNING (no row: refused).
+    """
+    parts: list[sql.Composable] = [sql.SQL("fence AS ({})").format(fence)]
+    if clear is not None:
+        parts.append(sql.SQL("cleared AS ({})").format(clear))
+    if rows:
+        row = sql.SQL("({})").format(sql.SQL(", ").join([sql.Placeholder()] * len(plan.columns)))
+        parts.append(
+            sql.SQL("data AS (INSERT INTO {} ({}) VALUES {})").format(
+                plan.table.ident, _column_list(plan.columns), sql.SQL(", ").join([row] * rows)
+            )
+        )
+    return sql.SQL("WITH {} SELECT epoch FROM fence").format(sql.SQL(", ").join(parts))
 
 
 def _clear_statement(plan: _Plan, raw: LoadPlan) -> tuple[sql.Composed, tuple[object, ...]] | None:
@@ -800,7 +815,7 @@ class PostgresConnector:
         # per connector): saves catalog round trips on every small operation. The write
         # itself still fails safely (rolled back) if the table changed since.
         self._verified: set[tuple[object, ...]] = set()
-        self._inserts: dict[tuple[_Plan, int], bytes] = {}
+        self._inserts: dict[tuple[_Plan, int, bool, bool], bytes] = {}
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._lock = threading.RLock()  # re-entrant: within() may call back into observe
 
@@ -1133,47 +1148,40 @@ class PostgresConnector:
         within: WithinTransaction | None,
         prepare: bool,
     ) -> int:
-        """``mutate`` for a few rows: pipelined, one INSERT instead of COPY.
+        """``mutate`` for a few rows: one statement instead of a COPY, pipelined.
 
         The row count is known before the write, so the fence is installed (or raised)
-        and marked committed by ONE locking statement, under the conditions ``mutate``
+        and marked committed by one locking statement under the conditions ``mutate``
         checks (prepared, not above ``epoch``; with ``prepare`` False: prepared at
-        ``epoch`` for this intent). BEGIN, that statement and the rows go out together
-        and are judged at one sync; ``within`` runs in the open transaction; then
+        ``epoch`` for this intent), in the same statement as the rows. BEGIN and that
+        statement are judged at one sync; ``within`` runs in the open transaction; then
         COMMIT. A refusal or any error rolls the whole transaction back.
         """
-        params = _insert_params(rows, len(plan.columns), operation_id=operation_id)
-        insert = self._small_insert(plan, len(rows)) if rows else None
-        clear = _clear_statement(plan, raw)
         count = len(rows)
+        clear = _clear_statement(plan, raw)
+        params: list[object] = (
+            [operation_id, intent_digest, epoch, count, content_digest]
+            if prepare
+            else [count, content_digest, operation_id, epoch, intent_digest]
+        )
+        if clear is not None:
+            params.extend(clear[1])
+        params.extend(_insert_params(rows, len(plan.columns), operation_id=operation_id))
+        statement = self._small_statement(plan, count, prepare=prepare, clear=clear)
         try:
-            with conn.pipeline() as pipeline:
-                conn.execute(_BEGIN)
-                if prepare:
-                    fence = conn.execute(
-                        self._sql.prepare_committed,
-                        (operation_id, intent_digest, epoch, count, content_digest),
-                    )
-                else:
-                    fence = conn.execute(
-                        self._sql.commit_checked,
-                        (count, content_digest, operation_id, epoch, intent_digest),
-                    )
-                if clear is not None:
-                    conn.execute(*clear)
-                if insert is not None:
-                    try:
-                        conn.execute(insert, params)
-                    except UnicodeEncodeError:
-                        raise TargetWriteFailed(
-                            "a text value is not valid Unicode (a lone surrogate); nothing "
-                            "was written",
-                            operation_id=operation_id,
-                        ) from None
+            with conn.pipeline() as pipeline, conn.cursor() as cur:
+                cur.execute(_BEGIN)
+                try:
+                    cur.execute(statement, params)
+                except UnicodeEncodeError:
+                    raise TargetWriteFailed(
+                        "a text value is not valid Unicode (a lone surrogate); nothing was written",
+                        operation_id=operation_id,
+                    ) from None
                 pipeline.sync()
-                if fence.fetchone() is None:
+                if cur.fetchone() is None:
                     # Refused: the statement holds the row lock, so this read is current.
-                    current = _observation(conn.execute(self._sql.lock, (operation_id,)).fetchone())
+                    current = _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
                     _check_fence(
                         current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
                     )
@@ -1181,20 +1189,31 @@ class PostgresConnector:
                 if within is not None:
                     within(conn)
                 _check_healthy(conn, operation_id=operation_id)
-                conn.execute(_COMMIT)  # sent and confirmed by the pipeline's closing sync
+                cur.execute(_COMMIT)  # sent and confirmed by the pipeline's closing sync
         except BaseException:
             _rollback_quietly(conn)
             raise
         return count
 
-    def _small_insert(self, plan: _Plan, rows: int) -> bytes:
-        """The multi-row INSERT for ``rows`` rows, rendered once per connector and size."""
-        statement = self._inserts.get((plan, rows))
+    def _small_statement(
+        self,
+        plan: _Plan,
+        rows: int,
+        *,
+        prepare: bool,
+        clear: tuple[sql.Composed, tuple[object, ...]] | None,
+    ) -> bytes:
+        """The small path's statement, rendered once per connector and shape."""
+        key = (plan, rows, prepare, clear is not None)
+        statement = self._inserts.get(key)
         if statement is None:
             if len(self._inserts) >= _INSERT_CACHE:
                 self._inserts.clear()
-            statement = _insert_statement(plan, rows).as_bytes(None)
-            self._inserts[(plan, rows)] = statement
+            fence = self._sql.prepare_committed if prepare else self._sql.commit_checked
+            statement = _small_write(
+                plan, rows, fence=fence, clear=None if clear is None else clear[0]
+            ).as_bytes(None)
+            self._inserts[key] = statement
         return statement
 
     def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> bool:
