@@ -22,7 +22,13 @@ from dpone.adapters.journal import _rules
 from dpone.adapters.journal.postgres import SCHEMA_VERSION, PostgresCommitJournal
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.states import CommitState as S
-from dpone.errors import ConfigInvalid, JournalConflict, JournalUnavailable, LeaseHeld
+from dpone.errors import (
+    ConfigInvalid,
+    IntentConflict,
+    JournalConflict,
+    JournalUnavailable,
+    LeaseHeld,
+)
 from dpone.testing.journal_conformance import (
     ACTOR,
     AUDIT,
@@ -490,6 +496,81 @@ def test_create_complete_within_waits_for_an_in_flight_creator(
     assert done is not None
     assert done.result is not None
     assert dict(done.result) == {"rows_written": 1}
+
+
+def test_create_committing_writes_the_unfolded_history(journal: PostgresCommitJournal) -> None:
+    """Born COMMITTING (forward first attempt): the entry and history of create+lease+CAS."""
+    folded_id, unfolded_id = new_operation_id(), new_operation_id()
+    born = journal.create_committing(
+        operation_id=folded_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_A,
+        lease_ttl_seconds=30,
+        evidence={"fence_epoch": 1},
+    )
+    first = journal.create_intent(
+        operation_id=unfolded_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_A,
+        lease_owner=OWNER_A,
+        lease_ttl_seconds=30,
+    )
+    unfolded = journal.compare_and_set(
+        operation_id=unfolded_id,
+        expected_version=first.version,
+        expected_states=frozenset({S.PREPARING}),
+        next_state=S.COMMITTING,
+        lease_epoch=first.lease_epoch,
+        actor=OWNER_A,
+        evidence={"fence_epoch": 1},
+    )
+    assert journal.get(folded_id) == born
+    fields = ("state", "version", "lease_owner", "lease_epoch", "metadata", "result")
+    assert [getattr(born, f) for f in fields] == [getattr(unfolded, f) for f in fields]
+    assert born.lease_expires_at is not None
+    assert born.lease_expires_at > journal.now() + 20
+
+    def shape(operation_id: str) -> list[tuple[object, ...]]:
+        return [
+            (
+                t.version,
+                t.seq,
+                t.from_state,
+                t.to_state,
+                t.kind,
+                t.actor,
+                t.lease_epoch,
+                dict(t.evidence),
+            )
+            for t in journal.history(operation_id)
+        ]
+
+    assert shape(folded_id) == shape(unfolded_id)
+
+
+def test_create_committing_returns_an_existing_entry_untouched(
+    journal: PostgresCommitJournal,
+) -> None:
+    """An entry that exists is answered as it is (the caller sees it is not its own)."""
+    entry = leased(journal)
+    again = journal.create_committing(
+        operation_id=entry.operation_id,
+        intent_digest=DIGEST,
+        metadata={},
+        actor=OWNER_B,
+        lease_ttl_seconds=30,
+    )
+    assert again == entry
+    with pytest.raises(IntentConflict):
+        journal.create_committing(
+            operation_id=entry.operation_id,
+            intent_digest="sha256:" + "9" * 64,
+            metadata={},
+            actor=OWNER_B,
+            lease_ttl_seconds=30,
+        )
 
 
 # ---------------------------------------------------------------------- outages

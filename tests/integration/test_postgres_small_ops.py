@@ -197,3 +197,32 @@ def test_a_waiter_past_its_lock_bound_is_unavailable_and_records_nothing(
         assert not done[0].replayed
         assert second.run(interval=INTERVAL, partition="1").replayed
     assert len(_rows(pg_available, pg_schema)) == 6
+
+
+def test_forward_small_operations_are_born_committing(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """Forward mode (journal in another database): create+lease+COMMITTING is one write."""
+    for i in range(3):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal)
+    try:
+        with Runner(workload) as runner:
+            results = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(3)]
+            assert runner.run(interval=INTERVAL, partition="2").replayed
+        assert [r.mode.value for r in results] == ["forward_recovery"] * 3
+        assert [r.journal_version for r in results] == [3, 3, 3]
+        assert len(_rows(pg_available, pg_schema)) == 9
+        for entry, history in _entries(journal, pg_schema):
+            assert entry.state is CommitState.COMPLETE
+            assert check_history(history) == [], history
+            assert [(t.version, t.kind) for t in history][:4] == [
+                (1, "create"),
+                (1, "lease"),
+                (2, "fold"),
+                (2, "fold"),
+            ]
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')

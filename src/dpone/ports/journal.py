@@ -8,7 +8,12 @@ from typing import Protocol
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 
-__all__ = ["CommitJournalPort", "FoldingJournalPort", "TransactionalJournalPort"]
+__all__ = [
+    "CommitJournalPort",
+    "FoldingJournalPort",
+    "ForwardFoldingJournalPort",
+    "TransactionalJournalPort",
+]
 
 
 class CommitJournalPort(Protocol):
@@ -208,5 +213,34 @@ class FoldingJournalPort(TransactionalJournalPort, Protocol):
             JournalConflict: the entry already exists; the caller rolls ``txn`` back and
                 reads the journal.
             JournalUnavailable: the statement failed (the transaction is then aborted).
+        """
+        ...
+
+
+class ForwardFoldingJournalPort(CommitJournalPort, Protocol):
+    """A journal that can create an entry already COMMITTING (forward mode, ADR 0003).
+
+    On a first attempt nothing happens between the lease and COMMITTING (the fence is
+    raised inside the data transaction, ADR 0002), so create, lease and COMMITTING are
+    one durable write; COMMITTING is still durable before the target is touched.
+    """
+
+    def create_committing(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Create the entry COMMITTING at version 2, leased to ``actor`` at epoch 1.
+
+        History: ``create`` and ``lease`` at version 1, then PREPARING -> PREPARED ->
+        COMMITTING at version 2. An existing entry is returned unchanged.
+
+        Raises:
+            IntentConflict: the entry exists with another intent digest.
         """
         ...

@@ -32,7 +32,12 @@ from dpone.errors import (
     recovery_ref,
 )
 from dpone.ports.connector import TargetConnectorPort
-from dpone.ports.journal import CommitJournalPort, FoldingJournalPort, TransactionalJournalPort
+from dpone.ports.journal import (
+    CommitJournalPort,
+    FoldingJournalPort,
+    ForwardFoldingJournalPort,
+    TransactionalJournalPort,
+)
 from dpone.ports.source import SourcePort
 from dpone.runtime import failpoints
 from dpone.runtime.lease import LeaseKeeper, acquire
@@ -44,6 +49,7 @@ S = CommitState
 _log = logging.getLogger("dpone.runtime")
 _MAX_RESTARTS = 5
 _FIRST_EPOCH = 1  # the lease epoch an entry is born with (create + lease, ADR 0002)
+_BORN_COMMITTING = 2  # the version of an entry created COMMITTING (ADR 0003)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +100,12 @@ class CommitProtocol:
             if getattr(atomic_journal, "create_complete_within", None) is not None
             else None
         )
+        # Forward mode with a journal that can create an entry already COMMITTING
+        self._forward_fold: ForwardFoldingJournalPort | None = (
+            cast(ForwardFoldingJournalPort, journal)
+            if atomic_journal is None and getattr(journal, "create_committing", None) is not None
+            else None
+        )
 
     @property
     def mode(self) -> RunMode:
@@ -128,21 +140,16 @@ class CommitProtocol:
         else:
             # read-only: a target that cannot take the rows fails before any write
             self._connector.check_plan(spec.plan)
-            failpoints.hit("before:journal.create")
-            existing = self._journal.create_intent(
-                operation_id=spec.operation_id,
-                intent_digest=spec.intent_digest,
-                metadata=spec.metadata,
-                actor=self._owner,
-                lease_owner=self._owner,
-                lease_ttl_seconds=spec.lease_ttl_seconds,
-            )
+            existing = self._create(spec)
             self._check_intent(existing, spec)
-            if existing.lease_owner == self._owner and existing.version == 1:
+            # only this executor leases with its owner label: ours means born just now
+            if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
                 held = existing
             self._emit(existing, "intent")
             try:
                 failpoints.hit("after:journal.create")
+                if held is not None and held.state is S.COMMITTING:
+                    failpoints.hit("after:COMMITTING")
             except DponeError:
                 if held is not None:
                     self._release(held)
@@ -164,6 +171,33 @@ class CommitProtocol:
                 if current is not None and current.state is S.COMPLETE:
                     return self._recorded(current, replayed=True)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _create(self, spec: OperationSpec) -> JournalEntry:
+        """Create the entry leased to us (or return the one that exists).
+
+        Forward mode with a journal that can: born COMMITTING, one write for create,
+        lease and COMMITTING (ADR 0003); COMMITTING is durable before the target is
+        touched, as always. Otherwise born PREPARING (create + lease, ADR 0002).
+        """
+        failpoints.hit("before:journal.create")
+        if self._forward_fold is not None:
+            failpoints.hit("before:COMMITTING")
+            return self._forward_fold.create_committing(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                metadata=spec.metadata,
+                actor=self._owner,
+                lease_ttl_seconds=spec.lease_ttl_seconds,
+                evidence={"fence_epoch": _FIRST_EPOCH},
+            )
+        return self._journal.create_intent(
+            operation_id=spec.operation_id,
+            intent_digest=spec.intent_digest,
+            metadata=spec.metadata,
+            actor=self._owner,
+            lease_owner=self._owner,
+            lease_ttl_seconds=spec.lease_ttl_seconds,
+        )
 
     # ------------------------------------------------------------------ one attempt
     def _attempt(
@@ -205,6 +239,9 @@ class CommitProtocol:
         if state in (S.TARGET_COMMITTED, S.COMMITTED_INCOMPLETE):
             return self._finish_committed(spec, entry, resumed=True)
         if state is S.COMMITTING:
+            if not resumed and entry.version == _BORN_COMMITTING:
+                # born COMMITTING by us a moment ago: nothing can have been written yet
+                return self._mutate_and_complete(spec, entry, resumed=False)
             return self._resume_committing(spec, entry)
         if state is S.FAILED_PRE_COMMIT:
             entry = self._cas(entry, S.PREPARING, evidence={"reason": "retry"})

@@ -30,7 +30,7 @@ from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalConflict, JournalUnavailable
 
 if TYPE_CHECKING:
-    from dpone.ports.journal import FoldingJournalPort
+    from dpone.ports.journal import FoldingJournalPort, ForwardFoldingJournalPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
 
@@ -276,17 +276,19 @@ class _Statements:
                 SELECT {_entry_columns("x")} FROM {j} AS x
                 WHERE x.operation_id = %(operation_id)s AND NOT EXISTS (SELECT 1 FROM created)
             """,
-            # Atomic mode's first attempt (ADR 0003): the entry is born COMPLETE inside the
-            # target transaction, its whole history with it. No ON CONFLICT: an existing
-            # entry is a unique violation that aborts the transaction, data included.
+            # An entry born past PREPARING, its whole history with it (ADR 0003): COMPLETE
+            # inside the target transaction (atomic first attempt), or COMMITTING and
+            # leased (forward first attempt). No ON CONFLICT: an existing entry is a
+            # unique violation (inside a target transaction, it aborts the data too).
             create_complete=f"""
                 WITH created AS (
                     INSERT INTO {j} (operation_id, intent_digest, state, previous_state, version,
                                      lease_owner, lease_epoch, lease_expires_at, metadata,
                                      result, created_at, updated_at)
                     SELECT %(operation_id)s, %(intent_digest)s, %(state)s, %(previous_state)s,
-                           %(version)s, NULL, %(lease_epoch)s, clock.now, %(metadata)s::jsonb,
-                           %(result)s::jsonb, clock.now, clock.now
+                           %(version)s, %(owner)s::text, %(lease_epoch)s,
+                           clock.now + make_interval(secs => COALESCE(%(ttl)s::float8, 0)),
+                           %(metadata)s::jsonb, %(result)s::jsonb, clock.now, clock.now
                     FROM (SELECT clock_timestamp() AS now) AS clock
                     RETURNING *
                 ), history AS (
@@ -379,22 +381,22 @@ class _Statements:
 
 
 @cache
-def _born_complete_steps() -> tuple[tuple[int, int, str | None, str, str], ...]:
-    """(version, seq, from, to, kind) of an entry born COMPLETE, from the shared rules.
+def _born_steps(state: CommitState) -> tuple[tuple[int, int, str | None, str, str], ...]:
+    """(version, seq, from, to, kind) of an entry born in ``state``, from the shared rules.
 
     ``create`` and ``lease`` at version 1 (``_rules.create_row``, ``_rules.lease_row``),
-    then the atomic fold PREPARING -> COMPLETE at version 2 (``_rules.transition_rows``);
-    built once, the actor and evidence are filled in per entry.
+    then the fold PREPARING -> ``state`` at version 2 (``_rules.transition_rows``): the
+    rows the unfolded path writes. Built once; actor and evidence are filled per entry.
     """
     _rules.check_move(
-        operation_id="born-complete",
+        operation_id="born",
         expected_states=_FROM_PREPARING,
-        next_state=CommitState.COMPLETE,
-        atomic=True,
+        next_state=state,
+        atomic=state is CommitState.COMPLETE,
         audited=False,
     )
     born = JournalEntry(
-        operation_id="born-complete",
+        operation_id="born",
         intent_digest="-",
         state=CommitState.PREPARING,
         version=1,
@@ -412,7 +414,7 @@ def _born_complete_steps() -> tuple[tuple[int, int, str | None, str, str], ...]:
         *_rules.transition_rows(
             operation_id=born.operation_id,
             from_state=CommitState.PREPARING,
-            to_state=CommitState.COMPLETE,
+            to_state=state,
             version=2,
             actor="-",
             lease_epoch=1,
@@ -664,6 +666,53 @@ class PostgresCommitJournal:
             raise _rules.intent_conflict(entry)
         return entry
 
+    def create_committing(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Create the entry already COMMITTING, leased to ``actor`` at epoch 1 (ADR 0003).
+
+        One write for create, lease and PREPARING -> COMMITTING, with the history the
+        unfolded path writes. An existing entry is returned unchanged (check its
+        version and owner: only a version-2 entry leased to ``actor`` is the new one).
+
+        Raises:
+            IntentConflict: the entry exists with another intent digest.
+            JournalUnavailable: the journal could not be written.
+        """
+        params = self._born_params(
+            CommitState.COMMITTING,
+            ttl=_rules.check_ttl(lease_ttl_seconds),
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=None,
+            evidence=evidence,
+        )
+
+        def write(conn: _Conn) -> tuple[Any, ...] | None:
+            try:
+                return conn.execute(self._sql.create_complete, params).fetchone()
+            except pg_errors.UniqueViolation:
+                # it exists (autocommit: nothing to roll back): answer with it
+                return conn.execute(self._sql.get, (operation_id,)).fetchone()
+
+        # Repeating is safe: a create that did commit is found by the repeat.
+        row = self._run("record the intent", write, repeatable=True)
+        if row is None:  # pragma: no cover - the insert conflicted on this very key
+            raise _rules.not_found(operation_id)
+        entry = _entry(row)
+        if entry.intent_digest != intent_digest:
+            raise _rules.intent_conflict(entry)
+        return entry
+
     def compare_and_set(
         self,
         *,
@@ -791,7 +840,9 @@ class PostgresCommitJournal:
         """
         if not isinstance(txn, psycopg.Connection):
             raise TypeError("txn must be the target's psycopg.Connection")
-        params = self._create_complete_params(
+        params = self._born_params(
+            CommitState.COMPLETE,
+            ttl=None,
             operation_id=operation_id,
             intent_digest=intent_digest,
             metadata=metadata,
@@ -1039,17 +1090,23 @@ class PostgresCommitJournal:
         if not same:
             raise ValueError("txn is connected to another database than this journal's")
 
-    def _create_complete_params(
+    def _born_params(
         self,
+        state: CommitState,
         *,
         operation_id: str,
         intent_digest: str,
         metadata: Mapping[str, object],
         actor: str,
-        result: Mapping[str, object],
+        result: Mapping[str, object] | None,
         evidence: Mapping[str, object] | None,
+        ttl: float | None,
     ) -> dict[str, Any]:
-        """Check the values and build the history rows of an entry born COMPLETE."""
+        """Check the values and build the history rows of an entry born in ``state``.
+
+        Born COMPLETE the lease has ended (``ttl`` None); born COMMITTING it is the
+        actor's, for ``ttl`` seconds.
+        """
         _rules.check_identity("operation_id", operation_id)
         _rules.check_identity("intent_digest", intent_digest)
         _rules.safe_actor(actor)
@@ -1069,17 +1126,19 @@ class PostgresCommitJournal:
                 "actor": actor,
                 "evidence": by_kind[kind],
             }
-            for version, seq, frm, to, kind in _born_complete_steps()
+            for version, seq, frm, to, kind in _born_steps(state)
         ]
         return {
             "operation_id": operation_id,
             "intent_digest": intent_digest,
-            "state": CommitState.COMPLETE.value,
+            "state": state.value,
             "previous_state": CommitState.PREPARING.value,
             "version": 2,
+            "owner": None if ttl is None else actor,
             "lease_epoch": 1,
+            "ttl": ttl,
             "metadata": _rules.encode_mapping(_rules.safe_values(metadata)),
-            "result": _rules.encode_mapping(_rules.safe_values(result)),
+            "result": None if result is None else _rules.encode_mapping(_rules.safe_values(result)),
             # one JSON document, not seven arrays: cheaper to send than array literals
             "steps": json.dumps(steps, ensure_ascii=False, allow_nan=False),
         }
@@ -1279,4 +1338,7 @@ if TYPE_CHECKING:
 
     def _conforms(journal: PostgresCommitJournal) -> FoldingJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
+        return journal
+
+    def _conforms_forward(journal: PostgresCommitJournal) -> ForwardFoldingJournalPort:
         return journal
