@@ -652,7 +652,7 @@ def _merge_statements(plan: _Plan) -> tuple[sql.Composed, sql.Composed]:
 
 _BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = b"COMMIT"
-_INSERT_CACHE = 64  # rendered INSERT statements kept per connector (one per batch size)
+_INSERT_CACHE = 64  # entries per connector cache: rendered small statements, validated plans
 
 
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
