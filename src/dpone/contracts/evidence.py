@@ -73,11 +73,22 @@ _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _MAX_TEXT = 2048
 
 
+# Values already found clean (workload, release and target names repeat on every
+# operation). Only clean values are kept, never one that looked secret.
+_CLEAN: set[str] = set()
+_CLEAN_MAX = 4096
+
+
 def looks_secret(text: str) -> bool:
     """Return True when ``text`` looks like a credential, a DSN with a password or a signed URL."""
-    if _DIGEST_RE.fullmatch(text):
+    if text in _CLEAN or _DIGEST_RE.fullmatch(text):
         return False
-    return _SECRET_RE.search(text) is not None
+    if _SECRET_RE.search(text) is not None:
+        return True
+    if len(_CLEAN) >= _CLEAN_MAX:
+        _CLEAN.clear()
+    _CLEAN.add(text)
+    return False
 
 
 def safe_mapping(
