@@ -98,10 +98,10 @@ def test_digests_and_long_words_are_cheap() -> None:
 def test_only_clean_values_are_remembered() -> None:
     from dpone.contracts import evidence
 
-    secret = "postgresql://u:Canary-7f3a@h/db"
-    assert looks_secret(secret)
-    assert looks_secret(secret)
-    assert secret not in evidence._CLEAN
+    dsn = "postgresql://u:Canary-7f3a@h/db"
+    assert looks_secret(dsn)
+    assert looks_secret(dsn)
+    assert dsn not in evidence._CLEAN
     assert not looks_secret("orders-2026")
     assert "orders-2026" in evidence._CLEAN
     assert not looks_secret("orders-2026")
