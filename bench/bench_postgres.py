@@ -9,7 +9,7 @@
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
 
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
-       [--rows 1000000] [--repeat 3] [--ops 2000] [--bulk-only]
+       [--rows 1000000] [--repeat 3] [--ops 2000] [--only bulk|small] [--private]
 """
 
 from __future__ import annotations
@@ -180,108 +180,179 @@ def wal_syncs(dsn: str) -> int:
     return int(row[0])
 
 
-def bench_small(work: Path, dsn: str, ops: int) -> dict[str, object]:
-    from dpone.api import Runner
+def _small_workload(work: Path, dsn: str, journal: str, schema: str, table: str) -> object:
     from dpone.config.workload import parse_workload
 
+    return parse_workload(
+        {
+            "workload": "small",
+            "release": "bench",
+            "deployment": "bench",
+            "journal": journal,
+            "journal_schema": schema,
+            "source": {
+                "kind": "csv",
+                "path": "small/p{partition}.csv",
+                "columns": {
+                    "order_id": "integer",
+                    "customer": "text",
+                    "amount": "real",
+                    "ordered_at": "timestamp",
+                },
+            },
+            "target": {
+                "kind": "postgres",
+                "url": dsn,
+                "table": f"{schema}.{table}",
+                "fence_schema": schema,
+            },
+            "load": {"strategy": "append"},
+        },
+        base_dir=work,
+    )
+
+
+def _table_writes(dsn: str, schema: str, table: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
+            "WHERE schemaname = %s AND relname = %s",
+            (schema, table),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _small_plain(dsn: str, schema: str, ops: int) -> dict[str, float]:
+    """One plain transaction of 10 rows per operation, one connection."""
+    rows = [[(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)] for i in range(ops)]
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            f'CREATE TABLE "{schema}".plain (order_id bigint, customer text, '
+            "amount double precision, ordered_at timestamptz)"
+        )
+        conn.commit()
+        syncs = wal_syncs(dsn)
+        started = time.perf_counter()
+        for batch in rows:
+            with conn.cursor() as cur:
+                cur.executemany(f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)', batch)
+            conn.commit()
+        took = (time.perf_counter() - started) * 1000 / ops
+    return {"ms": took, "wal": (wal_syncs(dsn) - syncs) / ops}
+
+
+def _small_dpone(
+    work: Path, dsn: str, journal: str, schema: str, mode: str, ops: int
+) -> dict[str, float]:
+    """ops operations through one Runner, then a replay of all of them through another."""
+    from dpone.api import Runner
+
+    table = f"{mode}_orders"
+    workload = _small_workload(work, dsn, journal, schema, table)
+    out: dict[str, float] = {}
+    with Runner(workload) as runner:  # type: ignore[arg-type]
+        runner.run(interval="2026-11-01/2026-11-02", partition="0")  # warm up, DDL
+        syncs = wal_syncs(dsn)
+        started = time.perf_counter()
+        for i in range(1, ops):
+            runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
+        out["ms"] = (time.perf_counter() - started) * 1000 / (ops - 1)
+        out["wal"] = (wal_syncs(dsn) - syncs) / (ops - 1)
+    # The writer's sessions have ended, so their table statistics are flushed: any
+    # write counted from here on was made by the replays.
+    time.sleep(1.0)
+    before = _table_writes(dsn, schema, table)
+    with Runner(workload) as runner:  # type: ignore[arg-type]
+        assert runner.run(interval="2026-11-01/2026-11-02", partition="0").replayed  # warm
+        syncs = wal_syncs(dsn)
+        started = time.perf_counter()
+        for i in range(ops):
+            r = runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
+            assert r.replayed
+        out["replay_ms"] = (time.perf_counter() - started) * 1000 / ops
+        out["replay_wal"] = wal_syncs(dsn) - syncs
+    time.sleep(1.0)
+    out["replay_target_writes"] = _table_writes(dsn, schema, table) - before
+    with psycopg.connect(dsn) as conn:
+        count = conn.execute(f'SELECT count(*) FROM "{schema}".{table}').fetchone()
+    assert count is not None
+    assert count[0] == ops * 10, count
+    return out
+
+
+def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object]:
+    """Rounds alternate plain, atomic, forward; each round in a fresh schema."""
     src = work / "small"
     src.mkdir(exist_ok=True)
     for i in range(ops):
         write_orders_csv(src / f"p{i}.csv", 10, start_id=i * 10)
-    schema = f"s_{uuid.uuid4().hex[:8]}"
-    schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
-    out: dict[str, object] = {"ops": ops}
-    try:
-        # baseline: one plain transaction of 10 rows per operation, one connection
-        rows = [
-            [(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)] for i in range(ops)
-        ]
-        with psycopg.connect(dsn) as conn:
-            conn.execute(
-                f'CREATE TABLE "{schema}".plain (order_id bigint, customer text, '
-                "amount double precision, ordered_at timestamptz)"
-            )
-            conn.commit()
-            syncs = wal_syncs(dsn)
-            started = time.perf_counter()
-            for batch in rows:
-                with conn.cursor() as cur:
-                    cur.executemany(f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)', batch)
-                conn.commit()
-            plain = (time.perf_counter() - started) * 1000 / ops
-            out["plain_ms_per_op"] = round(plain, 3)
-            out["plain_wal_syncs_per_op"] = round((wal_syncs(dsn) - syncs) / ops, 2)
-        for mode, journal in (("atomic", dsn), ("forward", other_db(dsn, "postgres"))):
-            workload = parse_workload(
-                {
-                    "workload": "small",
-                    "release": "bench",
-                    "deployment": "bench",
-                    "journal": journal,
-                    "journal_schema": schema,
-                    "source": {
-                        "kind": "csv",
-                        "path": "small/p{partition}.csv",
-                        "columns": {
-                            "order_id": "integer",
-                            "customer": "text",
-                            "amount": "real",
-                            "ordered_at": "timestamp",
-                        },
-                    },
-                    "target": {
-                        "kind": "postgres",
-                        "url": dsn,
-                        "table": f"{schema}.{mode}_orders",
-                        "fence_schema": schema,
-                    },
-                    "load": {"strategy": "append"},
-                },
-                base_dir=work,
-            )
-            with Runner(workload) as runner:
-                runner.run(interval="2026-11-01/2026-11-02", partition="0")  # warm up, DDL
-                syncs = wal_syncs(dsn)
-                started = time.perf_counter()
-                for i in range(1, ops):
-                    runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
-                took = (time.perf_counter() - started) * 1000 / (ops - 1)
-                out[f"{mode}_ms_per_op"] = round(took, 3)
-                out[f"{mode}_ratio"] = round(took / plain, 2)
-                out[f"{mode}_wal_syncs_per_op"] = round((wal_syncs(dsn) - syncs) / (ops - 1), 2)
-                with psycopg.connect(dsn) as conn:
-                    before = conn.execute(
-                        "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
-                        "WHERE schemaname = %s AND relname = %s",
-                        (schema, f"{mode}_orders"),
-                    ).fetchone()
-                syncs = wal_syncs(dsn)
-                started = time.perf_counter()
-                for i in range(ops):
-                    r = runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
-                    assert r.replayed
-                took = (time.perf_counter() - started) * 1000 / ops
-                out[f"{mode}_replay_ms_per_op"] = round(took, 3)
-                out[f"{mode}_replay_wal_syncs"] = wal_syncs(dsn) - syncs
-                time.sleep(0.6)  # statistics are flushed at most every 500 ms
-                with psycopg.connect(dsn) as conn:
-                    after = conn.execute(
-                        "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
-                        "WHERE schemaname = %s AND relname = %s",
-                        (schema, f"{mode}_orders"),
-                    ).fetchone()
-                    count = conn.execute(
-                        f'SELECT count(*) FROM "{schema}".{mode}_orders'
-                    ).fetchone()
-                out[f"{mode}_replay_target_writes"] = (after[0] if after else 0) - (
-                    before[0] if before else 0
-                )
-                assert count is not None
-                assert count[0] == ops * 10
-    finally:
-        schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
-        schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    rounds: list[dict[str, dict[str, float]]] = []
+    for n in range(repeat):
+        schema = f"s_{uuid.uuid4().hex[:8]}"
+        schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
+        try:
+            got = {"plain": _small_plain(dsn, schema, ops)}
+            for mode, journal in (("atomic", dsn), ("forward", other_db(dsn, "postgres"))):
+                got[mode] = _small_dpone(work, dsn, journal, schema, mode, ops)
+        finally:
+            schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
+            schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        rounds.append(got)
+        print(
+            f"  round {n + 1}: plain {got['plain']['ms']:.3f} ms  "
+            f"atomic {got['atomic']['ms']:.3f} ms (replay {got['atomic']['replay_ms']:.3f})  "
+            f"forward {got['forward']['ms']:.3f} ms (replay {got['forward']['replay_ms']:.3f})",
+            flush=True,
+        )
+
+    def col(mode: str, key: str) -> list[float]:
+        return [r[mode][key] for r in rounds]
+
+    out: dict[str, object] = {"ops": ops, "rounds": repeat}
+    plain_best, plain_median = min(col("plain", "ms")), statistics.median(col("plain", "ms"))
+    out["plain_ms_per_op"] = round(plain_best, 3)
+    out["plain_ms_per_op_median"] = round(plain_median, 3)
+    out["plain_wal_syncs_per_op"] = round(statistics.median(col("plain", "wal")), 2)
+    for mode in ("atomic", "forward"):
+        best, median = min(col(mode, "ms")), statistics.median(col(mode, "ms"))
+        out[f"{mode}_ms_per_op"] = round(best, 3)
+        out[f"{mode}_ms_per_op_median"] = round(median, 3)
+        out[f"{mode}_ratio"] = round(best / plain_best, 2)
+        out[f"{mode}_ratio_median"] = round(median / plain_median, 2)
+        out[f"{mode}_wal_syncs_per_op"] = round(statistics.median(col(mode, "wal")), 2)
+        out[f"{mode}_replay_ms_per_op"] = round(min(col(mode, "replay_ms")), 3)
+        out[f"{mode}_replay_ms_per_op_median"] = round(statistics.median(col(mode, "replay_ms")), 3)
+        out[f"{mode}_replay_wal_syncs"] = max(col(mode, "replay_wal"))
+        out[f"{mode}_replay_target_writes"] = max(col(mode, "replay_target_writes"))
+    out["each_round"] = [{m: {k: round(v, 3) for k, v in r[m].items()} for m in r} for r in rounds]
     return out
+
+
+def bench_small_private(work: Path, ops: int, repeat: int) -> dict[str, object]:
+    """bench_small on a throwaway cluster (same machine and disk, no other sessions)."""
+    from dpone.testing.pg_instance import PrivatePostgres
+
+    with PrivatePostgres() as server:
+        server.wait_ready()
+        schema_sql(server.dsn, "CREATE DATABASE bench")
+        out = bench_small(work, other_db(server.dsn, "bench"), ops, repeat)
+    out["server"] = "private (initdb, fsync on)"
+    return out
+
+
+def small_checks(small: dict[str, object]) -> dict[str, bool]:
+    """The issue's small-operation budgets, judged on the best round (medians reported too)."""
+    num = {k: float(v) for k, v in small.items() if isinstance(v, int | float)}
+    return {
+        "small atomic <= 1.5x": num["atomic_ratio"] <= 1.5,
+        "small forward <= 3x": num["forward_ratio"] <= 3,
+        "replay <= 0.5 ms": max(num["atomic_replay_ms_per_op"], num["forward_replay_ms_per_op"])
+        <= 0.5,
+        "replay writes nothing": num["atomic_replay_target_writes"] == 0
+        and num["forward_replay_target_writes"] == 0,
+        "wal syncs atomic <= 2": num["atomic_wal_syncs_per_op"] <= 2,
+        "wal syncs forward <= 4": num["forward_wal_syncs_per_op"] <= 4,
+    }
 
 
 def main() -> None:
@@ -293,39 +364,43 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--ops", type=int, default=2000)
-    parser.add_argument("--bulk-only", action="store_true", help="run only the 1M-row part")
+    parser.add_argument(
+        "--only", choices=("bulk", "small"), default=None, help="run one part of the benchmark"
+    )
+    parser.add_argument(
+        "--private",
+        action="store_true",
+        help="small operations on a private PostgreSQL (initdb in a temp dir): pg_stat_wal "
+        "then counts only this benchmark's WAL syncs, not other sessions' on a shared server",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dpone-pgbench-"))
     compile_dpone()
+    checks: dict[str, bool] = {}
     try:
-        print(f"bulk: {args.rows:,} rows into PostgreSQL, best of {args.repeat}", flush=True)
-        bulk = bench_bulk(work, args.dsn, args.rows, args.repeat)
-        print(json.dumps(bulk, indent=2))
-        if args.bulk_only:
-            for name, ok in {
-                "bulk atomic <= 1.05": bulk["ratio_atomic"] <= 1.05,  # type: ignore[operator]
-                "bulk forward <= 1.10": bulk["ratio_forward"] <= 1.10,  # type: ignore[operator]
-                "rss < 150 MB": bulk["peak_rss_mb"] < 150,  # type: ignore[operator]
-            }.items():
-                print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-            return
-        print(f"small operations: {args.ops} x 10 rows through the Python API", flush=True)
-        small = bench_small(work, args.dsn, args.ops)
-        print(json.dumps(small, indent=2))
-        checks = {
-            "bulk atomic <= 1.05": bulk["ratio_atomic"] <= 1.05,  # type: ignore[operator]
-            "bulk forward <= 1.10": bulk["ratio_forward"] <= 1.10,  # type: ignore[operator]
-            "rss < 150 MB": bulk["peak_rss_mb"] < 150,  # type: ignore[operator]
-            "small atomic <= 1.5x": small["atomic_ratio"] <= 1.5,  # type: ignore[operator]
-            "small forward <= 3x": small["forward_ratio"] <= 3,  # type: ignore[operator]
-            "replay <= 0.5 ms": max(
-                small["atomic_replay_ms_per_op"],  # type: ignore[type-var]
-                small["forward_replay_ms_per_op"],
+        if args.only in (None, "bulk"):
+            print(f"bulk: {args.rows:,} rows into PostgreSQL, best of {args.repeat}", flush=True)
+            bulk = bench_bulk(work, args.dsn, args.rows, args.repeat)
+            print(json.dumps(bulk, indent=2))
+            checks.update(
+                {
+                    "bulk atomic <= 1.05": bulk["ratio_atomic"] <= 1.05,  # type: ignore[operator]
+                    "bulk forward <= 1.10": bulk["ratio_forward"] <= 1.10,  # type: ignore[operator]
+                    "rss < 150 MB": bulk["peak_rss_mb"] < 150,  # type: ignore[operator]
+                }
             )
-            <= 0.5,
-            "wal syncs atomic <= 2": small["atomic_wal_syncs_per_op"] <= 2,  # type: ignore[operator]
-            "wal syncs forward <= 4": small["forward_wal_syncs_per_op"] <= 4,  # type: ignore[operator]
-        }
+        if args.only in (None, "small"):
+            print(
+                f"small operations: {args.ops} x 10 rows through the Python API, "
+                f"{args.repeat} alternating rounds",
+                flush=True,
+            )
+            if args.private:
+                small = bench_small_private(work, args.ops, args.repeat)
+            else:
+                small = bench_small(work, args.dsn, args.ops, args.repeat)
+            print(json.dumps(small, indent=2))
+            checks.update(small_checks(small))
         for name, ok in checks.items():
             print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     finally:

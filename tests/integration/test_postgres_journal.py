@@ -22,7 +22,13 @@ from dpone.adapters.journal import _rules
 from dpone.adapters.journal.postgres import SCHEMA_VERSION, PostgresCommitJournal
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.states import CommitState as S
-from dpone.errors import ConfigInvalid, JournalConflict, JournalUnavailable, LeaseHeld
+from dpone.errors import (
+    ConfigInvalid,
+    IntentConflict,
+    JournalConflict,
+    JournalUnavailable,
+    LeaseHeld,
+)
 from dpone.testing.journal_conformance import (
     ACTOR,
     AUDIT,
@@ -349,6 +355,227 @@ def test_within_lock_wait_is_bounded_by_the_target_transaction(
         _assert_safe(info.value, pg_available)
         assert "lock" in str(info.value)
     assert journal.get(entry.operation_id) == entry
+
+
+# ---------------------------------------------------------------------- atomic first attempt
+def _born_complete(
+    journal: PostgresCommitJournal, txn: object, operation_id: str, *, rows: int = 2
+) -> JournalEntry:
+    return journal.create_complete_within(
+        txn,
+        operation_id=operation_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_A,
+        result={"rows_written": rows},
+        evidence={"mode": "atomic"},
+    )
+
+
+def test_create_complete_within_writes_the_unfolded_history(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """Born COMPLETE in the target transaction: the same entry and history as create+lease+CAS."""
+    folded_id, unfolded_id = new_operation_id(), new_operation_id()
+    with psycopg.connect(pg_available, autocommit=True) as target:
+        with target.transaction():
+            born = _born_complete(journal, target, folded_id)
+            assert journal.get(folded_id) is None, "invisible before the commit"
+        with target.transaction():
+            leased_entry = journal.create_intent(
+                operation_id=unfolded_id,
+                intent_digest=DIGEST,
+                metadata={"workload_id": "orders"},
+                actor=OWNER_A,
+                lease_owner=OWNER_A,
+                lease_ttl_seconds=30,
+            )
+            unfolded = journal.compare_and_set_within(
+                target,
+                operation_id=unfolded_id,
+                expected_version=leased_entry.version,
+                expected_states=frozenset({S.PREPARING}),
+                next_state=S.COMPLETE,
+                lease_epoch=leased_entry.lease_epoch,
+                actor=OWNER_A,
+                result={"rows_written": 2},
+                evidence={"mode": "atomic"},
+                release_lease=True,
+            )
+    assert journal.get(folded_id) == born
+    assert (born.state, born.version, born.lease_epoch, born.lease_owner) == (
+        S.COMPLETE,
+        2,
+        1,
+        None,
+    )
+    assert born.lease_expires_at is not None
+    assert born.lease_expires_at <= journal.now()
+    assert (born.metadata, born.result) == (unfolded.metadata, unfolded.result)
+    assert (born.state, born.version, born.lease_epoch, born.lease_owner) == (
+        unfolded.state,
+        unfolded.version,
+        unfolded.lease_epoch,
+        unfolded.lease_owner,
+    )
+
+    def shape(operation_id: str) -> list[tuple[object, ...]]:
+        return [
+            (
+                t.version,
+                t.seq,
+                t.from_state,
+                t.to_state,
+                t.kind,
+                t.actor,
+                t.lease_epoch,
+                dict(t.evidence),
+            )
+            for t in journal.history(operation_id)
+        ]
+
+    assert shape(folded_id) == shape(unfolded_id)
+    assert [t.kind for t in journal.history(folded_id)][:2] == ["create", "lease"]
+
+
+def test_create_complete_within_vanishes_on_rollback(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """Rolled back with the target transaction: no entry, no history (a crash leaves nothing)."""
+    operation_id = new_operation_id()
+
+    def write_then_fail(target: psycopg.Connection[Any]) -> None:
+        with target.transaction():
+            _born_complete(journal, target, operation_id)
+            raise RuntimeError("target failed after the journal write")
+
+    with psycopg.connect(pg_available, autocommit=True) as target:
+        with pytest.raises(RuntimeError, match="target failed"):
+            write_then_fail(target)
+        assert target.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert journal.get(operation_id) is None
+    assert journal.history(operation_id) == []
+
+
+def test_create_complete_within_an_existing_entry_is_a_conflict(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """An entry committed by another executor: JournalConflict, and that entry is untouched."""
+    entry = leased(journal)
+    with (
+        psycopg.connect(pg_available, autocommit=True) as target,
+        pytest.raises(JournalConflict),
+        target.transaction(),
+    ):
+        _born_complete(journal, target, entry.operation_id)
+    assert journal.get(entry.operation_id) == entry
+
+
+def test_create_complete_within_waits_for_an_in_flight_creator(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """Two first attempts at once: the second waits on the key, then conflicts; one entry."""
+    operation_id = new_operation_id()
+    with (
+        psycopg.connect(pg_available, autocommit=True) as first,
+        psycopg.connect(pg_available, autocommit=True) as second,
+    ):
+        outcome: dict[str, BaseException] = {}
+        with first.transaction():
+            _born_complete(journal, first, operation_id, rows=1)
+
+            def racer() -> None:
+                try:
+                    with second.transaction():
+                        _born_complete(journal, second, operation_id, rows=9)
+                except BaseException as exc:  # judged in the main thread
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=racer)
+            thread.start()
+            time.sleep(0.3)
+            assert thread.is_alive(), "the second creator must wait for the first"
+        thread.join(30)
+    assert isinstance(outcome.get("error"), JournalConflict)
+    done = journal.get(operation_id)
+    assert done is not None
+    assert done.result is not None
+    assert dict(done.result) == {"rows_written": 1}
+
+
+def test_create_committing_writes_the_unfolded_history(journal: PostgresCommitJournal) -> None:
+    """Born COMMITTING (forward first attempt): the entry and history of create+lease+CAS."""
+    folded_id, unfolded_id = new_operation_id(), new_operation_id()
+    born = journal.create_committing(
+        operation_id=folded_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_A,
+        lease_ttl_seconds=30,
+        evidence={"fence_epoch": 1},
+    )
+    first = journal.create_intent(
+        operation_id=unfolded_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_A,
+        lease_owner=OWNER_A,
+        lease_ttl_seconds=30,
+    )
+    unfolded = journal.compare_and_set(
+        operation_id=unfolded_id,
+        expected_version=first.version,
+        expected_states=frozenset({S.PREPARING}),
+        next_state=S.COMMITTING,
+        lease_epoch=first.lease_epoch,
+        actor=OWNER_A,
+        evidence={"fence_epoch": 1},
+    )
+    assert journal.get(folded_id) == born
+    fields = ("state", "version", "lease_owner", "lease_epoch", "metadata", "result")
+    assert [getattr(born, f) for f in fields] == [getattr(unfolded, f) for f in fields]
+    assert born.lease_expires_at is not None
+    assert born.lease_expires_at > journal.now() + 20
+
+    def shape(operation_id: str) -> list[tuple[object, ...]]:
+        return [
+            (
+                t.version,
+                t.seq,
+                t.from_state,
+                t.to_state,
+                t.kind,
+                t.actor,
+                t.lease_epoch,
+                dict(t.evidence),
+            )
+            for t in journal.history(operation_id)
+        ]
+
+    assert shape(folded_id) == shape(unfolded_id)
+
+
+def test_create_committing_returns_an_existing_entry_untouched(
+    journal: PostgresCommitJournal,
+) -> None:
+    """An entry that exists is answered as it is (the caller sees it is not its own)."""
+    entry = leased(journal)
+    again = journal.create_committing(
+        operation_id=entry.operation_id,
+        intent_digest=DIGEST,
+        metadata={},
+        actor=OWNER_B,
+        lease_ttl_seconds=30,
+    )
+    assert again == entry
+    with pytest.raises(IntentConflict):
+        journal.create_committing(
+            operation_id=entry.operation_id,
+            intent_digest="sha256:" + "9" * 64,
+            metadata={},
+            actor=OWNER_B,
+            lease_ttl_seconds=30,
+        )
 
 
 # ---------------------------------------------------------------------- outages

@@ -61,19 +61,38 @@ EVIDENCE_KEYS: frozenset[str] = frozenset(
 )
 
 _SECRET_PATTERNS = (
-    re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE),  # URL with user info
-    re.compile(r"(?i)(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)\s*[=:]"),
-    re.compile(r"(?i)\bbearer\s+[a-z0-9._~+/=-]{8,}"),
-    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    re.compile(r"(?i)[?&](x-amz-signature|signature|sig)="),
+    # URL with user info. The scheme may only start where a run of letters starts: the
+    # same matches as starting anywhere, without quadratic backtracking on long words.
+    r"(?i:(?<![a-z])[a-z][a-z0-9+.-]*://[^/\s@]+@)",
+    r"(?i:(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)\s*[=:])",
+    r"(?i:\bbearer\s+[a-z0-9._~+/=-]{8,})",
+    r"\bAKIA[0-9A-Z]{16}\b",
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+    r"(?i:[?&](x-amz-signature|signature|sig)=)",
 )
+# One pass over the text instead of one per pattern (it runs on every journal value).
+_SECRET_RE = re.compile("|".join(_SECRET_PATTERNS))
+# A content or identity digest (most journal values) matches none of the patterns.
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _MAX_TEXT = 2048
+
+
+# Values already found clean (workload, release and target names repeat on every
+# operation). Only clean values are kept, never one that looked secret.
+_CLEAN: set[str] = set()
+_CLEAN_MAX = 4096
 
 
 def looks_secret(text: str) -> bool:
     """Return True when ``text`` looks like a credential, a DSN with a password or a signed URL."""
-    return any(p.search(text) for p in _SECRET_PATTERNS)
+    if text in _CLEAN or _DIGEST_RE.fullmatch(text):
+        return False
+    if _SECRET_RE.search(text) is not None:
+        return True
+    if len(_CLEAN) >= _CLEAN_MAX:
+        _CLEAN.clear()
+    _CLEAN.add(text)
+    return False
 
 
 def safe_mapping(

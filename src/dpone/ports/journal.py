@@ -8,7 +8,12 @@ from typing import Protocol
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.states import CommitState
 
-__all__ = ["CommitJournalPort", "TransactionalJournalPort"]
+__all__ = [
+    "CommitJournalPort",
+    "FoldingJournalPort",
+    "ForwardFoldingJournalPort",
+    "TransactionalJournalPort",
+]
 
 
 class CommitJournalPort(Protocol):
@@ -177,4 +182,65 @@ class TransactionalJournalPort(CommitJournalPort, Protocol):
 
     def shares_database_with(self, locator: str) -> bool:
         """Return True when ``locator`` (a target's database identity) is this journal's."""
+        ...
+
+
+class FoldingJournalPort(TransactionalJournalPort, Protocol):
+    """A transactional journal that can also create an entry inside the target transaction.
+
+    Used for the first attempt of an atomic operation (ADR 0003): the entry is born
+    COMPLETE in the same transaction as the data and the fence, so creation, lease and
+    completion need no durability point of their own.
+    """
+
+    def create_complete_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Insert the entry already COMPLETE (version 2, lease epoch 1, lease ended).
+
+        History: ``create`` and ``lease`` at version 1, then the atomic fold
+        PREPARING -> ... -> COMPLETE at version 2, exactly as the unfolded path writes it.
+
+        Raises:
+            JournalConflict: the entry already exists; the caller rolls ``txn`` back and
+                reads the journal.
+            JournalUnavailable: the statement failed (the transaction is then aborted).
+        """
+        ...
+
+
+class ForwardFoldingJournalPort(CommitJournalPort, Protocol):
+    """A journal that can create an entry already COMMITTING (forward mode, ADR 0003).
+
+    On a first attempt nothing happens between the lease and COMMITTING (the fence is
+    raised inside the data transaction, ADR 0002), so create, lease and COMMITTING are
+    one durable write; COMMITTING is still durable before the target is touched.
+    """
+
+    def create_committing(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Create the entry COMMITTING at version 2, leased to ``actor`` at epoch 1.
+
+        History: ``create`` and ``lease`` at version 1, then PREPARING -> PREPARED ->
+        COMMITTING at version 2. An existing entry is returned unchanged.
+
+        Raises:
+            IntentConflict: the entry exists with another intent digest.
+        """
         ...

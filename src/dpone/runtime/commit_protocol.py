@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from dpone.contracts.checkpoint import CheckpointAdvance
+from dpone.contracts.evidence import safe_mapping
 from dpone.contracts.fence import (
     FenceCapability,
     FenceObservation,
@@ -25,15 +26,22 @@ from dpone.errors import (
     ConfigInvalid,
     DponeError,
     FencedOut,
+    FenceUnavailable,
     IntentConflict,
     JournalConflict,
+    JournalUnavailable,
     LeaseLost,
     RecoveryConflict,
     recovery_ref,
 )
 from dpone.ports.checkpoint import CheckpointStorePort, TransactionalCheckpointStorePort
 from dpone.ports.connector import TargetConnectorPort
-from dpone.ports.journal import CommitJournalPort, TransactionalJournalPort
+from dpone.ports.journal import (
+    CommitJournalPort,
+    FoldingJournalPort,
+    ForwardFoldingJournalPort,
+    TransactionalJournalPort,
+)
 from dpone.ports.source import SourcePort
 from dpone.runtime import failpoints
 from dpone.runtime.lease import LeaseKeeper, acquire
@@ -44,6 +52,8 @@ __all__ = ["CommitProtocol", "OperationSpec"]
 S = CommitState
 _log = logging.getLogger("dpone.runtime")
 _MAX_RESTARTS = 5
+_FIRST_EPOCH = 1  # the lease epoch an entry is born with (create + lease, ADR 0002)
+_BORN_COMMITTING = 2  # the version of an entry created COMMITTING (ADR 0003)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +103,19 @@ class CommitProtocol:
         # called with the entry each lease returned, before anything is dispatched on it:
         # the run ledger records the attempt (its number is the lease epoch) there
         self._on_attempt = on_attempt
+        # A journal that can create the entry inside the target transaction: an atomic
+        # first attempt is then one commit (ADR 0003)
+        self._fold: FoldingJournalPort | None = (
+            cast(FoldingJournalPort, atomic_journal)
+            if getattr(atomic_journal, "create_complete_within", None) is not None
+            else None
+        )
+        # Forward mode with a journal that can create an entry already COMMITTING
+        self._forward_fold: ForwardFoldingJournalPort | None = (
+            cast(ForwardFoldingJournalPort, journal)
+            if atomic_journal is None and getattr(journal, "create_committing", None) is not None
+            else None
+        )
 
     @property
     def mode(self) -> RunMode:
@@ -113,6 +136,11 @@ class CommitProtocol:
         """
         held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
         existing = self._journal.get(spec.operation_id)
+        if existing is None and self._fold is not None and self._may_fold(spec):
+            folded = self._atomic_first(spec, self._fold)
+            if folded is not None:
+                return folded
+            existing = self._journal.get(spec.operation_id)  # another executor was first
         if existing is not None:
             self._check_intent(existing, spec)
             if existing.state is S.COMPLETE:
@@ -123,21 +151,16 @@ class CommitProtocol:
         else:
             # read-only: a target that cannot take the rows fails before any write
             self._connector.check_plan(spec.plan)
-            failpoints.hit("before:journal.create")
-            existing = self._journal.create_intent(
-                operation_id=spec.operation_id,
-                intent_digest=spec.intent_digest,
-                metadata=spec.metadata,
-                actor=self._owner,
-                lease_owner=self._owner,
-                lease_ttl_seconds=spec.lease_ttl_seconds,
-            )
+            existing = self._create(spec)
             self._check_intent(existing, spec)
-            if existing.lease_owner == self._owner and existing.version == 1:
+            # only this executor leases with its owner label: ours means born just now
+            if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
                 held = existing
             self._emit(existing, "intent")
             try:
                 failpoints.hit("after:journal.create")
+                if held is not None and held.state is S.COMMITTING:
+                    failpoints.hit("after:COMMITTING")
             except DponeError:
                 if held is not None:
                     self._release(held)
@@ -159,6 +182,33 @@ class CommitProtocol:
                 if current is not None and current.state is S.COMPLETE:
                     return self._recorded(current, replayed=True)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _create(self, spec: OperationSpec) -> JournalEntry:
+        """Create the entry leased to us (or return the one that exists).
+
+        Forward mode with a journal that can: born COMMITTING, one write for create,
+        lease and COMMITTING (ADR 0003); COMMITTING is durable before the target is
+        touched, as always. Otherwise born PREPARING (create + lease, ADR 0002).
+        """
+        failpoints.hit("before:journal.create")
+        if self._forward_fold is not None:
+            failpoints.hit("before:COMMITTING")
+            return self._forward_fold.create_committing(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                metadata=spec.metadata,
+                actor=self._owner,
+                lease_ttl_seconds=spec.lease_ttl_seconds,
+                evidence={"fence_epoch": _FIRST_EPOCH},
+            )
+        return self._journal.create_intent(
+            operation_id=spec.operation_id,
+            intent_digest=spec.intent_digest,
+            metadata=spec.metadata,
+            actor=self._owner,
+            lease_owner=self._owner,
+            lease_ttl_seconds=spec.lease_ttl_seconds,
+        )
 
     # ------------------------------------------------------------------ one attempt
     def _attempt(
@@ -202,6 +252,9 @@ class CommitProtocol:
         if state in (S.TARGET_COMMITTED, S.COMMITTED_INCOMPLETE):
             return self._finish_committed(spec, entry, resumed=True)
         if state is S.COMMITTING:
+            if not resumed and entry.version == _BORN_COMMITTING:
+                # born COMMITTING by us a moment ago: nothing can have been written yet
+                return self._mutate_and_complete(spec, entry, resumed=False)
             return self._resume_committing(spec, entry)
         if state is S.FAILED_PRE_COMMIT:
             entry = self._cas(entry, S.PREPARING, evidence={"reason": "retry"})
@@ -527,6 +580,137 @@ class CommitProtocol:
                 hint="use the SQLite or PostgreSQL journal",
             )
         return cast(CheckpointStorePort, journal)
+
+    def _may_fold(self, spec: OperationSpec) -> bool:
+        """Whether the atomic first attempt may run as one transaction (ADR 0003).
+
+        Not for an incremental operation: its checkpoint is promoted by the COMPLETE
+        write of the unfolded path (ADR 0005). With a run ledger, the first attempt
+        (lease epoch 1) is recorded before the transaction, as every attempt is. When
+        the ledger refuses it (another executor of the same run recorded attempt 1 and
+        is in its own transaction now), this one still folds without a ledger record:
+        the fence row lock and the journal's primary key decide between the two, and
+        the loser records nothing (FENCE_UNAVAILABLE, or the unfolded path after a
+        JournalConflict).
+        """
+        if spec.checkpoint is not None:
+            return False
+        if self._on_attempt is None:
+            return True
+        first = JournalEntry(
+            operation_id=spec.operation_id,
+            intent_digest=spec.intent_digest,
+            state=S.PREPARING,
+            version=0,
+            lease_owner=self._owner,
+            lease_epoch=_FIRST_EPOCH,
+            lease_expires_at=None,
+            metadata=safe_mapping(spec.metadata),
+            result=None,
+            created_at=0.0,
+            updated_at=0.0,
+        )
+        try:
+            self._on_attempt(first)
+        except LeaseLost:
+            pass  # attempt 1 is another executor's: the fence and the primary key decide
+        return True
+
+    def _atomic_first(
+        self, spec: OperationSpec, journal: FoldingJournalPort
+    ) -> OperationResult | None:
+        """A new operation in atomic mode: entry, data and fence in ONE target transaction.
+
+        The entry is born COMPLETE inside the transaction that writes the rows and
+        commits the fence (ADR 0003): create, lease and COMPLETE need no durability
+        point of their own, and a crash anywhere before the commit leaves nothing at all.
+        Returns None when another executor got there first (its fence or its entry
+        refused ours, and everything rolled back): the caller reads the journal.
+        """
+        self._connector.check_plan(spec.plan)  # read-only: fail before any write
+        tally = RowTally()
+        written: list[JournalEntry] = []
+        fence = FenceObservation(
+            status=FenceStatus.COMMITTED,
+            epoch=_FIRST_EPOCH,
+            intent_digest=spec.intent_digest,
+            content_digest=spec.source_identity,
+        )
+
+        def within(txn: object) -> None:
+            failpoints.hit("fence.mutate.before_commit")
+            failpoints.hit("before:journal.create")
+            written.append(
+                journal.create_complete_within(
+                    txn,
+                    operation_id=spec.operation_id,
+                    intent_digest=spec.intent_digest,
+                    metadata=spec.metadata,
+                    actor=self._owner,
+                    result=self._result_fields(spec, fence, tally),
+                    evidence={"mode": RunMode.ATOMIC.value},
+                )
+            )
+            failpoints.hit("after:journal.create")
+            failpoints.hit("before:COMPLETE")
+
+        failpoints.hit("before:fence.mutate")
+        try:
+            self._connector.mutate(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                epoch=_FIRST_EPOCH,
+                plan=spec.plan,
+                batches=self._rows(spec, tally),
+                content_digest=spec.source_identity,
+                within=within,
+                prepare=True,
+            )
+        except (FencedOut, JournalConflict):
+            return None  # rolled back: the fence or the entry belongs to another executor
+        except DponeError as exc:
+            self._record_failed_first(spec, exc)
+            raise
+        failpoints.hit("after:fence.mutate")
+        failpoints.hit("after:COMPLETE")
+        done = written[-1]
+        self._emit(done, "intent")
+        self._emit(done, "transition")
+        return self._recorded(done, replayed=False)
+
+    def _record_failed_first(self, spec: OperationSpec, primary: DponeError) -> None:
+        """The folded transaction rolled back: record why, as the unfolded path would.
+
+        Creates the entry (leased) and moves it to FAILED_PRE_COMMIT, so the journal
+        tells an operator that this operation was tried. A lock or connection failure
+        is not recorded: it says another executor (or the server) is busy, not that this
+        operation failed, and a journal write now would only get in that executor's way.
+        """
+        if isinstance(primary, FenceUnavailable | JournalUnavailable):
+            return
+        try:
+            entry = self._journal.create_intent(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                metadata=spec.metadata,
+                actor=self._owner,
+                lease_owner=self._owner,
+                lease_ttl_seconds=spec.lease_ttl_seconds,
+            )
+        except DponeError as secondary:
+            _log.warning(
+                "could not record the failed attempt (%s)",
+                secondary.code.value,
+                extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
+            )
+            return
+        if entry.lease_owner != self._owner or entry.version != 1:
+            return  # another executor's entry: not ours to write
+        self._emit(entry, "intent")
+        try:
+            self._fail_pre_commit(entry, primary)
+        finally:
+            self._release(entry)
 
     # ------------------------------------------------------------------ helpers
     def _rows(self, spec: OperationSpec, tally: RowTally) -> Iterator[list[tuple[object, ...]]]:

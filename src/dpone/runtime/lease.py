@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from types import TracebackType
 
 from dpone.contracts.journal import JournalEntry
@@ -52,11 +54,64 @@ def acquire(
     return entry
 
 
+class _Timers:
+    """One timer thread per process: starts a keeper's renewal thread when it is first due.
+
+    Most operations end long before their first renewal (a third of the TTL); they then
+    never pay for a thread of their own. A keeper that becomes due gets its own renewal
+    thread, exactly as before, so one slow renewal never delays another keeper's.
+    """
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._cond = threading.Condition()
+        self._due: dict[LeaseKeeper, float] = {}
+
+    def add(self, keeper: LeaseKeeper, at: float) -> None:
+        if self._pid != os.getpid():
+            with _START:
+                if self._pid != os.getpid():
+                    # First use in this process (or a fork, whose copy of the condition
+                    # may be held by a thread that does not exist here): start afresh.
+                    self._cond = threading.Condition()
+                    self._due = {}
+                    threading.Thread(
+                        target=self._run, name="dpone-lease-timer", daemon=True
+                    ).start()
+                    self._pid = os.getpid()
+        with self._cond:
+            self._due[keeper] = at
+            self._cond.notify()
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            self._due.pop(keeper, None)
+
+    def _run(self) -> None:
+        cond, due = self._cond, self._due
+        while True:
+            with cond:
+                now = time.monotonic()
+                ready = [k for k, at in due.items() if at <= now]
+                for keeper in ready:
+                    del due[keeper]
+                if not ready:
+                    cond.wait(min(due.values(), default=now + 3600.0) - now)
+                    continue
+            for keeper in ready:
+                keeper._start_renewing()
+
+
+_START = threading.Lock()
+_TIMERS = _Timers()
+
+
 class LeaseKeeper:
     """Renews a lease every third of its TTL while long target work runs.
 
     A failed renewal is only logged: safety rests on the fence epoch, and a lost lease
-    shows up as FencedOut or a CAS conflict where it matters.
+    shows up as FencedOut or a CAS conflict where it matters. The renewal thread starts
+    only when the first renewal is due (see ``_Timers``).
     """
 
     def __init__(
@@ -73,11 +128,13 @@ class LeaseKeeper:
         self._owner = owner
         self._epoch = lease_epoch
         self._ttl = ttl_seconds
+        self._interval = max(ttl_seconds / 3.0, 0.05)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dpone-lease", daemon=True)
+        self._state = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
+        _TIMERS.add(self, time.monotonic() + self._interval)
         return self
 
     def __exit__(
@@ -86,12 +143,22 @@ class LeaseKeeper:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        with self._state:
+            self._stop.set()
+            thread = self._thread
+        _TIMERS.remove(self)
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _start_renewing(self) -> None:
+        with self._state:
+            if self._stop.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="dpone-lease", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
-        interval = max(self._ttl / 3.0, 0.05)
-        while not self._stop.wait(interval):
+        while True:  # the first renewal is due now
             try:
                 self._journal.renew_lease(
                     operation_id=self._operation_id,
@@ -107,3 +174,5 @@ class LeaseKeeper:
                 )
                 if isinstance(exc, LeaseHeld) or exc.code.value == "DPONE_LEASE_LOST":
                     return
+            if self._stop.wait(self._interval):
+                return

@@ -320,6 +320,105 @@ def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id
         ) from None
 
 
+# ----------------------------------------------------------------- small operations
+
+#: A load of at most this many rows is written by one multi-row INSERT, pipelined with
+#: the fence statements, instead of a COPY: COPY cannot join a pipeline, and for a few
+#: rows its extra round trips cost more than the rows themselves.
+SMALL_ROWS = 1000
+_MAX_PARAMS = 32_767  # well below the protocol's 65,535 bind parameters
+_SMALL_STRATEGIES = frozenset(
+    {LoadStrategy.APPEND, LoadStrategy.REPLACE, LoadStrategy.REPLACE_INTERVAL}
+)
+_STR = frozenset({str})
+
+
+def _take_small(batches: Rows, limit: int) -> tuple[list[Sequence[object]] | None, Rows]:
+    """Read ahead up to ``limit`` rows: (all the rows, -) if that is the whole load.
+
+    Otherwise (None, batches) where the returned batches start with those read ahead.
+    Reading ahead is read-only (the source's own end-of-file checks run here when the
+    load is small), so it happens before any lock is taken.
+    """
+    taken: list[Sequence[Sequence[object]]] = []
+    total = 0
+    it = iter(batches)
+    for batch in it:
+        taken.append(batch)
+        total += len(batch)
+        if total > limit:
+            return None, chain(taken, it)
+    return [row for batch in taken for row in batch], ()
+
+
+def _insert_params(
+    rows: Sequence[Sequence[object]], width: int, *, operation_id: str
+) -> list[str | None]:
+    """The rows' values as the text a COPY would carry, unescaped; ``''`` and None are NULL.
+
+    The parameters go out untyped (text), so the server parses each with the column's
+    input function exactly as COPY does.
+    """
+    if set(map(len, rows)) != {width}:
+        raise TargetWriteFailed(
+            f"a row does not have the plan's {width} values; nothing was written",
+            operation_id=operation_id,
+        )
+    values = [value for row in rows for value in row]
+    if set(map(type, values)) <= _STR:
+        return [value or None for value in values]  # type: ignore[misc]
+    try:
+        return [
+            None
+            if value is None or value == ""
+            else (value if isinstance(value, str) else _field(value))
+            for value in values
+        ]
+    except _UnsupportedValue as exc:
+        raise TargetWriteFailed(
+            f"a value of type {exc.kind} cannot be written to PostgreSQL; nothing was written",
+            operation_id=operation_id,
+            hint="give the column a string, number, boolean or timestamp",
+        ) from None
+
+
+def _small_write(
+    plan: _Plan, rows: int, *, fence: sql.Composable, clear: sql.Composable | None
+) -> sql.Composed:
+    """ONE statement: the fence statement (RETURNING epoch), the replace DELETE, the rows.
+
+    Data-modifying CTEs run to completion whatever the main query reads, all in the
+    statement's snapshot: the DELETE sees only rows committed before it, never the new
+    ones. The main query reads the fence's RETURNING (no row: refused).
+    """
+    parts: list[sql.Composable] = [sql.SQL("fence AS ({})").format(fence)]
+    if clear is not None:
+        parts.append(sql.SQL("cleared AS ({})").format(clear))
+    if rows:
+        row = sql.SQL("({})").format(sql.SQL(", ").join([sql.Placeholder()] * len(plan.columns)))
+        parts.append(
+            sql.SQL("data AS (INSERT INTO {} ({}) VALUES {})").format(
+                plan.table.ident, _column_list(plan.columns), sql.SQL(", ").join([row] * rows)
+            )
+        )
+    return sql.SQL("WITH {} SELECT epoch FROM fence").format(sql.SQL(", ").join(parts))
+
+
+def _clear_statement(plan: _Plan, raw: LoadPlan) -> tuple[sql.Composed, tuple[object, ...]] | None:
+    """The DELETE a replace strategy runs before its rows (same statements as ``_load``)."""
+    if raw.strategy is LoadStrategy.REPLACE:
+        return sql.SQL("DELETE FROM {}").format(plan.table.ident), ()
+    if raw.strategy is LoadStrategy.REPLACE_INTERVAL:
+        if raw.interval is None or plan.interval_column is None:  # _validate_plan refused
+            raise ConfigInvalid("replace_interval needs an interval", field="interval")
+        column = sql.Identifier(plan.interval_column)
+        statement = sql.SQL(
+            "DELETE FROM {t} WHERE {c}::timestamptz >= %s AND {c}::timestamptz < %s"
+        ).format(t=plan.table.ident, c=column)
+        return statement, (raw.interval.start, raw.interval.end)
+    return None
+
+
 # ----------------------------------------------------------------- fence rows
 
 _FenceRow = tuple[str, int, str | None, int | None, str | None]
@@ -349,6 +448,8 @@ class _Statements:
     prepare: sql.Composed
     seal: sql.Composed
     commit: sql.Composed
+    prepare_committed: sql.Composed
+    commit_checked: sql.Composed
 
     @classmethod
     def build(cls, schema: str) -> _Statements:
@@ -400,6 +501,28 @@ class _Statements:
                 "UPDATE {fence} SET state = 'committed', row_count = %s, content_digest = %s, "
                 "committed_at = now() "
                 "WHERE operation_id = %s AND epoch = %s AND state = 'prepared'"
+            ).format(fence=fence),
+            # The small path (row count known before the write): ``prepare`` and
+            # ``commit`` as one locking statement, under the same conditions. The row is
+            # locked before WHERE is judged, so a refusal can be read back under the lock.
+            prepare_committed=sql.SQL(
+                "INSERT INTO {fence} AS f (operation_id, intent_digest, epoch, state, "
+                "row_count, content_digest, committed_at) "
+                "VALUES (%s, %s, %s, 'committed', %s, %s, now()) "
+                "ON CONFLICT (operation_id) DO UPDATE "
+                "SET epoch = EXCLUDED.epoch, intent_digest = EXCLUDED.intent_digest, "
+                "state = 'committed', row_count = EXCLUDED.row_count, "
+                "content_digest = EXCLUDED.content_digest, committed_at = EXCLUDED.committed_at "
+                "WHERE f.state = 'prepared' AND f.epoch <= EXCLUDED.epoch "
+                "RETURNING f.epoch"
+            ).format(fence=fence),
+            # ... and ``commit`` alone, with the checks mutate makes under the lock.
+            commit_checked=sql.SQL(
+                "UPDATE {fence} SET state = 'committed', row_count = %s, content_digest = %s, "
+                "committed_at = now() "
+                "WHERE operation_id = %s AND epoch = %s AND state = 'prepared' "
+                "AND (intent_digest IS NULL OR intent_digest = %s) "
+                "RETURNING epoch"
             ).format(fence=fence),
         )
 
@@ -570,6 +693,55 @@ def _merge_statements(plan: _Plan) -> tuple[sql.Composed, sql.Composed]:
     return create, upsert
 
 
+_BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED"
+_COMMIT = b"COMMIT"
+_INSERT_CACHE = 64  # entries per connector cache: rendered small statements, validated plans
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    """End a failed transaction; a connection that cannot is discarded by ``_session``."""
+    try:
+        if conn.info.transaction_status is not TransactionStatus.IDLE and not conn.broken:
+            conn.execute(b"ROLLBACK")
+    except psycopg.Error:
+        pass
+
+
+def _check_fence(
+    current: FenceObservation, *, operation_id: str, intent_digest: str, epoch: int
+) -> None:
+    """Refuse the write unless the locked fence is PREPARED at ``epoch`` for this intent."""
+    if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
+        at = f" at epoch {current.epoch}" if current.epoch is not None else ""
+        raise FencedOut(
+            f"the fence is {current.status.value}{at}, not prepared at this "
+            f"executor's epoch {epoch}; nothing was written",
+            operation_id=operation_id,
+        )
+    if current.intent_digest not in (None, intent_digest):
+        raise IntentConflict(
+            "the fence was prepared for another intent digest; nothing was written",
+            operation_id=operation_id,
+        )
+
+
+def _check_marked(rowcount: int, *, operation_id: str) -> None:
+    if rowcount != 1:  # impossible under the row lock; refuse, never guess
+        raise FencedOut(
+            "the fence moved during the write; nothing was written", operation_id=operation_id
+        )
+
+
+def _check_healthy(conn: psycopg.Connection[Any], *, operation_id: str) -> None:
+    if conn.info.transaction_status is not TransactionStatus.INTRANS:
+        # A failed statement whose error was swallowed (in within) leaves the
+        # transaction aborted: COMMIT would silently roll back. Say so.
+        raise TargetWriteFailed(
+            "the transaction was aborted by a failed statement before commit; nothing was written",
+            operation_id=operation_id,
+        )
+
+
 # ----------------------------------------------------------------- error translation
 
 # CREATE ... IF NOT EXISTS racing another session: a catalog unique violation or a
@@ -686,6 +858,8 @@ class PostgresConnector:
         # per connector): saves catalog round trips on every small operation. The write
         # itself still fails safely (rolled back) if the table changed since.
         self._verified: set[tuple[object, ...]] = set()
+        self._inserts: dict[tuple[_Plan, int, bool, bool], bytes] = {}
+        self._plans: dict[tuple[object, ...], _Plan] = {}
         self._lock = threading.RLock()  # re-entrant: within() may call back into observe
 
     @property
@@ -814,6 +988,28 @@ class PostgresConnector:
     # ----------------------------------------------------------------- port
 
     def _plan(self, plan: LoadPlan) -> _Plan:
+        # Validated once per plan shape (everything but the interval's bounds): every
+        # small operation of a Runner has the same one.
+        shape = (
+            plan.table,
+            plan.strategy,
+            plan.columns,
+            plan.key,
+            plan.interval_column,
+            plan.interval is None,
+        )
+        try:
+            hash(shape)
+        except TypeError:  # an unhashable value: validate (and refuse), never cache
+            return self._validated(plan)
+        checked = self._plans.get(shape)
+        if checked is None:
+            checked = self._validated(plan)
+            if len(self._plans) < _INSERT_CACHE:
+                self._plans[shape] = checked
+        return checked
+
+    def _validated(self, plan: LoadPlan) -> _Plan:
         checked = _validate_plan(plan, fence_schema=self._fence_schema)
         if checked.table != self._table:
             raise ConfigInvalid(
@@ -834,6 +1030,13 @@ class PostgresConnector:
             else:
                 _check_table(cur, info, checked, plan.table)
                 self._verified.add(_verified_key(plan))
+
+    def _explain_refusal(self, plan: LoadPlan, refused: DponeError) -> None:
+        """Raise check_plan's precise error for a table that refused a cached plan."""
+        try:
+            self.check_plan(plan)
+        except (TargetSchemaMismatch, ConfigInvalid) as precise:
+            raise precise from refused
 
     def prepare(self, *, operation_id: str, intent_digest: str, epoch: int) -> FenceObservation:
         """Install the fence or raise its epoch; never lower it, never touch a committed row."""
@@ -902,49 +1105,58 @@ class PostgresConnector:
         held to the commit, exactly like ``FOR UPDATE``.
         """
         checked = self._plan(plan)
-        with self._session(action="mutate", operation_id=operation_id) as conn:
-            self._ensure_fence(conn)
-            with conn.transaction(), conn.cursor() as cur:
-                current = self._lock_fence(
-                    cur,
-                    operation_id=operation_id,
-                    intent_digest=intent_digest,
-                    epoch=epoch,
-                    prepare=prepare,
-                )
-                if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
-                    at = f" at epoch {current.epoch}" if current.epoch is not None else ""
-                    raise FencedOut(
-                        f"the fence is {current.status.value}{at}, not prepared at this "
-                        f"executor's epoch {epoch}; nothing was written",
+        key = _verified_key(plan)
+        small: list[Sequence[object]] | None = None
+        # audits need the staged rows in the table before commit: the general path runs them
+        if plan.strategy in _SMALL_STRATEGIES and key in self._verified and plan.audits is None:
+            limit = min(SMALL_ROWS, _MAX_PARAMS // len(checked.columns))
+            small, batches = _take_small(batches, limit)
+        try:
+            with self._session(action="mutate", operation_id=operation_id) as conn:
+                self._ensure_fence(conn)
+                if small is not None:
+                    count = self._mutate_small(
+                        conn,
+                        checked,
+                        plan,
+                        small,
                         operation_id=operation_id,
+                        intent_digest=intent_digest,
+                        epoch=epoch,
+                        content_digest=content_digest,
+                        within=within,
+                        prepare=prepare,
                     )
-                if current.intent_digest not in (None, intent_digest):
-                    raise IntentConflict(
-                        "the fence was prepared for another intent digest; nothing was written",
+                    return MutationReport(row_count=count, content_digest=content_digest)
+                with conn.transaction(), conn.cursor() as cur:
+                    current = self._lock_fence(
+                        cur,
                         operation_id=operation_id,
+                        intent_digest=intent_digest,
+                        epoch=epoch,
+                        prepare=prepare,
                     )
-                key = _verified_key(plan)
-                if key not in self._verified and self._prepare_table(cur, checked, plan.table):
-                    self._verified.add(key)
-                count = self._load(cur, checked, plan, batches, operation_id=operation_id)
-                _audit(cur, plan, checked.table, count, operation_id)
-                cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
-                if cur.rowcount != 1:  # impossible under the row lock; refuse, never guess
-                    raise FencedOut(
-                        "the fence moved during the write; nothing was written",
-                        operation_id=operation_id,
+                    _check_fence(
+                        current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
                     )
-                if within is not None:
-                    within(conn)
-                if conn.info.transaction_status is not TransactionStatus.INTRANS:
-                    # A failed statement whose error was swallowed (in within) leaves the
-                    # transaction aborted: COMMIT would silently roll back. Say so.
-                    raise TargetWriteFailed(
-                        "the transaction was aborted by a failed statement before commit; "
-                        "nothing was written",
-                        operation_id=operation_id,
-                    )
+                    if key not in self._verified and self._prepare_table(cur, checked, plan.table):
+                        self._verified.add(key)
+                    count = self._load(cur, checked, plan, batches, operation_id=operation_id)
+                    _audit(cur, plan, checked.table, count, operation_id)
+                    cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
+                    _check_marked(cur.rowcount, operation_id=operation_id)
+                    if within is not None:
+                        within(conn)
+                    _check_healthy(conn, operation_id=operation_id)
+        except (TargetSchemaMismatch, ConfigInvalid) as exc:
+            # The table changed since it was checked (a column or the table dropped): the
+            # write was refused and rolled back. Check it again now, to say exactly what
+            # no longer fits, and on the next operation.
+            cached = key in self._verified
+            self._verified.discard(key)
+            if cached:
+                self._explain_refusal(plan, exc)
+            raise
         return MutationReport(row_count=count, content_digest=content_digest)
 
     def _lock_fence(
@@ -966,6 +1178,88 @@ class PostgresConnector:
             # Refused (committed, or a higher epoch): the upsert still holds the row
             # lock, so this read is current.
         return _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
+
+    def _mutate_small(
+        self,
+        conn: psycopg.Connection[Any],
+        plan: _Plan,
+        raw: LoadPlan,
+        rows: list[Sequence[object]],
+        *,
+        operation_id: str,
+        intent_digest: str,
+        epoch: int,
+        content_digest: str,
+        within: WithinTransaction | None,
+        prepare: bool,
+    ) -> int:
+        """``mutate`` for a few rows: one statement instead of a COPY, pipelined.
+
+        The row count is known before the write, so the fence is installed (or raised)
+        and marked committed by one locking statement under the conditions ``mutate``
+        checks (prepared, not above ``epoch``; with ``prepare`` False: prepared at
+        ``epoch`` for this intent), in the same statement as the rows. BEGIN and that
+        statement are judged at one sync; ``within`` runs in the open transaction; then
+        COMMIT. A refusal or any error rolls the whole transaction back.
+        """
+        count = len(rows)
+        clear = _clear_statement(plan, raw)
+        params: list[object] = (
+            [operation_id, intent_digest, epoch, count, content_digest]
+            if prepare
+            else [count, content_digest, operation_id, epoch, intent_digest]
+        )
+        if clear is not None:
+            params.extend(clear[1])
+        params.extend(_insert_params(rows, len(plan.columns), operation_id=operation_id))
+        statement = self._small_statement(plan, count, prepare=prepare, clear=clear)
+        try:
+            with conn.pipeline() as pipeline, conn.cursor() as cur:
+                cur.execute(_BEGIN)
+                try:
+                    cur.execute(statement, params)
+                except UnicodeEncodeError:
+                    raise TargetWriteFailed(
+                        "a text value is not valid Unicode (a lone surrogate); nothing was written",
+                        operation_id=operation_id,
+                    ) from None
+                pipeline.sync()
+                if cur.fetchone() is None:
+                    # Refused: the statement holds the row lock, so this read is current.
+                    current = _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
+                    _check_fence(
+                        current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
+                    )
+                    _check_marked(0, operation_id=operation_id)  # never reached: refused
+                if within is not None:
+                    within(conn)
+                _check_healthy(conn, operation_id=operation_id)
+                cur.execute(_COMMIT)  # sent and confirmed by the pipeline's closing sync
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+        return count
+
+    def _small_statement(
+        self,
+        plan: _Plan,
+        rows: int,
+        *,
+        prepare: bool,
+        clear: tuple[sql.Composed, tuple[object, ...]] | None,
+    ) -> bytes:
+        """The small path's statement, rendered once per connector and shape."""
+        key = (plan, rows, prepare, clear is not None)
+        statement = self._inserts.get(key)
+        if statement is None:
+            if len(self._inserts) >= _INSERT_CACHE:
+                self._inserts.clear()
+            fence = self._sql.prepare_committed if prepare else self._sql.commit_checked
+            statement = _small_write(
+                plan, rows, fence=fence, clear=None if clear is None else clear[0]
+            ).as_bytes(None)
+            self._inserts[key] = statement
+        return statement
 
     def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> bool:
         """Create the table or check it; True when it existed before this transaction."""

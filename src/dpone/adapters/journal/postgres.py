@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
+from functools import cache
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -28,11 +30,14 @@ from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
 from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, RunState
 from dpone.contracts.states import CommitState
-from dpone.errors import ConfigInvalid, DponeError, JournalUnavailable
+from dpone.errors import ConfigInvalid, DponeError, JournalConflict, JournalUnavailable
 
 if TYPE_CHECKING:
     from dpone.ports.checkpoint import TransactionalCheckpointStorePort
-    from dpone.ports.journal import TransactionalJournalPort
+    from dpone.ports.journal import (
+        FoldingJournalPort,
+        ForwardFoldingJournalPort,
+    )
     from dpone.ports.ledger import RunLedgerPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
@@ -47,6 +52,7 @@ _APPLICATION_NAME = "dpone-journal"
 _STATEMENT_MARGIN_S = 30.0
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
+_FROM_PREPARING = frozenset({CommitState.PREPARING})
 
 
 # Migrations, in order; entry N-1 brings the schema to version N. Never edit a released
@@ -203,6 +209,7 @@ class _Statements:
     record_version: str
     create_schema: str
     create_intent: str
+    create_complete: str
     cas: str
     cas_audited: str
     acquire: str
@@ -306,6 +313,32 @@ class _Statements:
                 SELECT {_entry_columns("x")} FROM {j} AS x
                 WHERE x.operation_id = %(operation_id)s AND NOT EXISTS (SELECT 1 FROM created)
             """,
+            # An entry born past PREPARING, its whole history with it (ADR 0003): COMPLETE
+            # inside the target transaction (atomic first attempt), or COMMITTING and
+            # leased (forward first attempt). No ON CONFLICT: an existing entry is a
+            # unique violation (inside a target transaction, it aborts the data too).
+            create_complete=f"""
+                WITH created AS (
+                    INSERT INTO {j} (operation_id, intent_digest, state, previous_state, version,
+                                     lease_owner, lease_epoch, lease_expires_at, metadata,
+                                     result, created_at, updated_at)
+                    SELECT %(operation_id)s, %(intent_digest)s, %(state)s, %(previous_state)s,
+                           %(version)s, %(owner)s::text, %(lease_epoch)s,
+                           clock.now + make_interval(secs => COALESCE(%(ttl)s::float8, 0)),
+                           %(metadata)s::jsonb, %(result)s::jsonb, clock.now, clock.now
+                    FROM (SELECT clock_timestamp() AS now) AS clock
+                    RETURNING *
+                ), history AS (
+                    INSERT INTO {t} ({_TRANSITION_INSERT})
+                    SELECT c.operation_id, step.version, step.seq, step.from_state, step.to_state,
+                           step.kind, step.actor, c.lease_epoch, step.evidence, c.created_at
+                    FROM created AS c
+                    CROSS JOIN jsonb_to_recordset(%(steps)s::jsonb)
+                         AS step(version bigint, seq int, from_state text, to_state text,
+                                 kind text, actor text, evidence jsonb)
+                )
+                SELECT {_entry_columns("c")} FROM created AS c
+            """,
             cas=cas_head + "\n" + cas_tail,
             cas_audited=cas_head + audit_cte + "\n" + cas_tail,
             # The lease predicate mirrors _rules.lease_is_free, judged by the server clock;
@@ -384,9 +417,63 @@ class _Statements:
         )
 
 
+@cache
+def _born_steps(state: CommitState) -> tuple[tuple[int, int, str | None, str, str], ...]:
+    """(version, seq, from, to, kind) of an entry born in ``state``, from the shared rules.
+
+    ``create`` and ``lease`` at version 1 (``_rules.create_row``, ``_rules.lease_row``),
+    then the fold PREPARING -> ``state`` at version 2 (``_rules.transition_rows``): the
+    rows the unfolded path writes. Built once; actor and evidence are filled per entry.
+    """
+    _rules.check_move(
+        operation_id="born",
+        expected_states=_FROM_PREPARING,
+        next_state=state,
+        atomic=state is CommitState.COMPLETE,
+        audited=False,
+    )
+    born = JournalEntry(
+        operation_id="born",
+        intent_digest="-",
+        state=CommitState.PREPARING,
+        version=1,
+        lease_owner="-",
+        lease_epoch=1,
+        lease_expires_at=None,
+        metadata=MappingProxyType({}),
+        result=None,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+    rows = (
+        _rules.create_row(born, actor="-"),
+        _rules.lease_row(born, seq=1),
+        *_rules.transition_rows(
+            operation_id=born.operation_id,
+            from_state=CommitState.PREPARING,
+            to_state=state,
+            version=2,
+            actor="-",
+            lease_epoch=1,
+            evidence=MappingProxyType({}),
+            at=0.0,
+        ),
+    )
+    return tuple(
+        (
+            t.version,
+            t.seq,
+            None if t.from_state is None else t.from_state.value,
+            t.to_state.value,
+            t.kind,
+        )
+        for t in rows
+    )
+
+
 # ---------------------------------------------------------------------- the adapter
 class PostgresCommitJournal:
-    """A CommitJournalPort (and TransactionalJournalPort) in one PostgreSQL schema.
+    """A CommitJournalPort (transactional and folding, see the ports) in one PostgreSQL schema.
 
     Every method is one round trip on a pooled autocommit connection: each write is a
     single statement whose CTEs add the history and audit rows, so a CAS is one
@@ -469,6 +556,7 @@ class PostgresCommitJournal:
         # libpq's view (host as connected, port, dbname) of our own connections; a
         # target transaction must show the same one to join atomic mode.
         self._server: str | None = None
+        self._same_server: dict[tuple[str, int, str], bool] = {}
 
     # ------------------------------------------------------------------ identity
     @property
@@ -615,6 +703,53 @@ class PostgresCommitJournal:
             raise _rules.intent_conflict(entry)
         return entry
 
+    def create_committing(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Create the entry already COMMITTING, leased to ``actor`` at epoch 1 (ADR 0003).
+
+        One write for create, lease and PREPARING -> COMMITTING, with the history the
+        unfolded path writes. An existing entry is returned unchanged (check its
+        version and owner: only a version-2 entry leased to ``actor`` is the new one).
+
+        Raises:
+            IntentConflict: the entry exists with another intent digest.
+            JournalUnavailable: the journal could not be written.
+        """
+        params = self._born_params(
+            CommitState.COMMITTING,
+            ttl=_rules.check_ttl(lease_ttl_seconds),
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=None,
+            evidence=evidence,
+        )
+
+        def write(conn: _Conn) -> tuple[Any, ...] | None:
+            try:
+                return conn.execute(self._sql.create_complete, params).fetchone()
+            except pg_errors.UniqueViolation:
+                # it exists (autocommit: nothing to roll back): answer with it
+                return conn.execute(self._sql.get, (operation_id,)).fetchone()
+
+        # Repeating is safe: a create that did commit is found by the repeat.
+        row = self._run("record the intent", write, repeatable=True)
+        if row is None:  # pragma: no cover - the insert conflicted on this very key
+            raise _rules.not_found(operation_id)
+        entry = _entry(row)
+        if entry.intent_digest != intent_digest:
+            raise _rules.intent_conflict(entry)
+        return entry
+
     def compare_and_set(
         self,
         *,
@@ -707,13 +842,7 @@ class PostgresCommitJournal:
             audit=None,
             release_lease=release_lease,
         )
-        server = self._server_identity()
-        if txn.info.transaction_status != TransactionStatus.INTRANS:
-            raise ValueError(
-                "txn must be inside an open, healthy transaction: atomic mode needs it"
-            )
-        if _info_locator(txn.info) != server:
-            raise ValueError("txn is connected to another database than this journal's")
+        self._check_txn(txn)
         try:
             # The target may use another row factory; decoding expects tuples.
             with txn.cursor(row_factory=tuple_row) as cur:
@@ -875,6 +1004,59 @@ class PostgresCommitJournal:
                 )
 
         return self._run("claim the next interval", write, repeatable=True)
+
+    def create_complete_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Insert the entry already COMPLETE, in the target's open transaction ``txn``.
+
+        The atomic first attempt (ADR 0003): one INSERT whose CTE writes the history the
+        unfolded path would (``create`` and ``lease`` at version 1, the fold to COMPLETE
+        at version 2); the lease ends in the same write. ``txn`` is never begun,
+        committed or rolled back here.
+
+        Raises:
+            TypeError: ``txn`` is not a ``psycopg.Connection``.
+            ValueError: ``txn`` is not in a transaction or is connected elsewhere.
+            JournalConflict: the entry already exists (committed by another executor);
+                the transaction is aborted and the caller must roll it back.
+            JournalUnavailable: the statement failed (the transaction is then aborted).
+        """
+        if not isinstance(txn, psycopg.Connection):
+            raise TypeError("txn must be the target's psycopg.Connection")
+        params = self._born_params(
+            CommitState.COMPLETE,
+            ttl=None,
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=result,
+            evidence=evidence,
+        )
+        self._check_txn(txn)
+        try:
+            with txn.cursor(row_factory=tuple_row) as cur:
+                row = cur.execute(self._sql.create_complete, params).fetchone()
+        except pg_errors.UniqueViolation as exc:
+            raise JournalConflict(
+                "the journal entry was created by another executor first; read it and decide again",
+                operation_id=operation_id,
+            ) from exc
+        except psycopg.Error as exc:
+            raise self._translate(
+                exc, "create the journal entry in the target transaction"
+            ) from exc
+        assert row is not None  # noqa: S101 - INSERT ... RETURNING of one row
+        return _entry(row)
 
     def acquire_lease(
         self,
@@ -1044,6 +1226,14 @@ class PostgresCommitJournal:
 
         def in_transaction(conn: _Conn) -> _T:
             with conn.transaction():
+                # The ledger is the record of who ran what, not the source of truth (the
+                # journal is): its writes commit without waiting for their own WAL flush.
+                # WAL is flushed in order, so a ledger write that precedes a journal or
+                # target commit on this server is durable once that commit is; only a
+                # server crash can lose the last ledger write, and the next replay of the
+                # run writes it again (docs/runs-and-retries.md). Saves a WAL sync per
+                # ledger write (issue 3's WAL budget).
+                conn.execute("SET LOCAL synchronous_commit = off")
                 return work(dialect, conn)
 
         return self._run(action, in_transaction, repeatable=True)
@@ -1142,6 +1332,74 @@ class PostgresCommitJournal:
             attestation=audit.attestation,
         )
         return self._sql.cas_audited, params
+
+    def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
+        """Refuse a target transaction that is not open or not in this journal's database."""
+        server = self._server_identity()
+        info = txn.info
+        if info.transaction_status != TransactionStatus.INTRANS:
+            raise ValueError(
+                "txn must be inside an open, healthy transaction: atomic mode needs it"
+            )
+        key = (info.host, info.port, info.dbname)
+        same = self._same_server.get(key)
+        if same is None:  # libpq's view of a connection never changes: judge it once
+            same = self._same_server[key] = _info_locator(info) == server
+        if not same:
+            raise ValueError("txn is connected to another database than this journal's")
+
+    def _born_params(
+        self,
+        state: CommitState,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object] | None,
+        evidence: Mapping[str, object] | None,
+        ttl: float | None,
+    ) -> dict[str, Any]:
+        """Check the values and build the history rows of an entry born in ``state``.
+
+        Born COMPLETE the lease has ended (``ttl`` None); born COMMITTING it is the
+        actor's, for ``ttl`` seconds.
+        """
+        _rules.check_identity("operation_id", operation_id)
+        _rules.check_identity("intent_digest", intent_digest)
+        _rules.safe_actor(actor)
+        safe_evidence: dict[str, object] = dict(_rules.safe_values(evidence))
+        by_kind: dict[str, dict[str, object]] = {
+            "create": {},
+            "lease": {"owner": actor, "lease_epoch": 1},
+            "fold": safe_evidence,
+        }
+        steps = [
+            {
+                "version": version,
+                "seq": seq,
+                "from_state": frm,
+                "to_state": to,
+                "kind": kind,
+                "actor": actor,
+                "evidence": by_kind[kind],
+            }
+            for version, seq, frm, to, kind in _born_steps(state)
+        ]
+        return {
+            "operation_id": operation_id,
+            "intent_digest": intent_digest,
+            "state": state.value,
+            "previous_state": CommitState.PREPARING.value,
+            "version": 2,
+            "owner": None if ttl is None else actor,
+            "lease_epoch": 1,
+            "ttl": ttl,
+            "metadata": _rules.encode_mapping(_rules.safe_values(metadata)),
+            "result": None if result is None else _rules.encode_mapping(_rules.safe_values(result)),
+            # one JSON document, not seven arrays: cheaper to send than array literals
+            "steps": json.dumps(steps, ensure_ascii=False, allow_nan=False),
+        }
 
     def _cas(
         self,
@@ -1341,7 +1599,7 @@ def _info_locator(info: psycopg.ConnectionInfo) -> str:
 # ---------------------------------------------------------------------- row decoding
 if TYPE_CHECKING:
 
-    def _conforms(journal: PostgresCommitJournal) -> TransactionalJournalPort:
+    def _conforms(journal: PostgresCommitJournal) -> FoldingJournalPort:
         # mypy proves here that the adapter matches the port, without inheriting from it
         return journal
 
@@ -1350,4 +1608,7 @@ if TYPE_CHECKING:
         return journal
 
     def _keeps_runs(journal: PostgresCommitJournal) -> RunLedgerPort:
+        return journal
+
+    def _conforms_forward(journal: PostgresCommitJournal) -> ForwardFoldingJournalPort:
         return journal

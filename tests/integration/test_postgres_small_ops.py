@@ -1,0 +1,228 @@
+"""Small operations on PostgreSQL through one Runner: the folded atomic path (ADR 0003).
+
+Atomic mode (journal in the target database): a new operation is one transaction with
+its journal entry; forward mode keeps its durable steps. Both reuse one connection and
+the connector's cached table check, which must not hide a table that changed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from dpone.adapters.journal.postgres import PostgresCommitJournal
+from dpone.api import Runner
+from dpone.config.workload import Workload, parse_workload
+from dpone.contracts.states import CommitState
+from dpone.errors import FenceUnavailable, TargetSchemaMismatch, TargetWriteFailed
+from dpone.runtime import failpoints
+from dpone.testing.crash import check_history
+
+INTERVAL = "2026-11-01/2026-11-02"
+HEADER = "order_id,customer,amount,ordered_at\n"
+
+
+def _csv(path: Path, first: int, rows: int = 3, *, bad: bool = False) -> None:
+    lines = [
+        f"{i},c{i},{'x' if bad else i}.5,2026-11-01T0{i % 10}:00:00Z"
+        for i in range(first, first + rows)
+    ]
+    path.write_text(HEADER + "\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _workload(root: Path, dsn: str, schema: str, *, journal: str, lock: float = 10) -> Workload:
+    return parse_workload(
+        {
+            "workload": "small",
+            "release": "r1",
+            "deployment": "d1",
+            "journal": journal,
+            "journal_schema": schema,
+            "source": {
+                "kind": "csv",
+                "path": "p{partition}.csv",
+                "columns": {
+                    "order_id": "integer",
+                    "customer": "text",
+                    "amount": "real",
+                    "ordered_at": "timestamp",
+                },
+            },
+            "target": {
+                "kind": "postgres",
+                "url": dsn,
+                "table": f"{schema}.orders",
+                "fence_schema": schema,
+                "lock_timeout_seconds": lock,
+            },
+            "load": {"strategy": "append"},
+        },
+        base_dir=root,
+    )
+
+
+@pytest.fixture
+def atomic(tmp_path: Path, pg_available: str, pg_schema: str) -> Workload:
+    for i in range(4):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    return _workload(tmp_path, pg_available, pg_schema, journal=pg_available)
+
+
+def _rows(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(f'SELECT order_id FROM "{schema}".orders ORDER BY 1').fetchall()
+
+
+def _entries(dsn: str, schema: str) -> list[Any]:
+    journal = PostgresCommitJournal(dsn, schema=schema)
+    try:
+        return [(e, journal.history(e.operation_id)) for e in journal.list_entries()]
+    finally:
+        journal.close()
+
+
+def test_atomic_small_operations_are_one_transaction_each(
+    atomic: Workload, pg_available: str, pg_schema: str
+) -> None:
+    """Each new operation: COMPLETE at version 2 with the full history; a rerun replays."""
+    with Runner(atomic) as runner:
+        results = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(3)]
+        again = runner.run(interval=INTERVAL, partition="1")
+    assert [r.mode.value for r in results] == ["atomic"] * 3
+    assert [r.journal_version for r in results] == [2, 2, 2]
+    assert [r.rows_written for r in results] == [3, 3, 3]
+    assert again.replayed
+    assert again.rows_written == 3
+    assert len(_rows(pg_available, pg_schema)) == 9
+    for entry, history in _entries(pg_available, pg_schema):
+        assert entry.state is CommitState.COMPLETE
+        assert entry.lease_owner is None
+        assert check_history(history) == [], history
+        assert [t.kind for t in history][:2] == ["create", "lease"]
+
+
+def test_atomic_failed_write_is_recorded_failed_pre_commit_and_writes_nothing(
+    atomic: Workload, tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """A row the target rejects rolls everything back; the journal still records the try."""
+    with Runner(atomic) as runner:
+        runner.run(interval=INTERVAL, partition="0")  # the table exists and is checked
+        _csv(tmp_path / "p1.csv", first=10, bad=True)
+        with pytest.raises(TargetWriteFailed):
+            runner.run(interval=INTERVAL, partition="1")
+        runner.run(interval=INTERVAL, partition="2")  # the connection is still usable
+    assert [r[0] for r in _rows(pg_available, pg_schema)] == [0, 1, 2, 20, 21, 22]
+    states = sorted(e.state.value for e, _ in _entries(pg_available, pg_schema))
+    assert states == ["COMPLETE", "COMPLETE", "FAILED_PRE_COMMIT"]
+
+
+def test_a_column_dropped_between_operations_is_refused_clearly(
+    atomic: Workload, pg_available: str, pg_schema: str
+) -> None:
+    """The cached table check never hides a changed table: refused, nothing written."""
+    with Runner(atomic) as runner:
+        runner.run(interval=INTERVAL, partition="0")
+        runner.run(interval=INTERVAL, partition="1")  # cached: the pipelined path
+        with psycopg.connect(pg_available, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{pg_schema}".orders DROP COLUMN customer')
+        with pytest.raises(TargetSchemaMismatch) as caught:
+            runner.run(interval=INTERVAL, partition="2")
+        assert "customer" in caught.value.message
+        # checked again (not from the cache): still refused, before any write
+        with pytest.raises(TargetSchemaMismatch, match="customer"):
+            runner.run(interval=INTERVAL, partition="3")
+        with psycopg.connect(pg_available, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{pg_schema}".orders ADD COLUMN customer text')
+        runner.run(interval=INTERVAL, partition="3")
+    assert len(_rows(pg_available, pg_schema)) == 9
+
+
+def test_two_executors_racing_one_new_atomic_operation_write_once(
+    atomic: Workload, pg_available: str, pg_schema: str
+) -> None:
+    """The second waits on the fence row, then finds the first's COMPLETE and replays."""
+    with Runner(atomic) as warm:
+        warm.run(interval=INTERVAL, partition="0")
+    results: list[Any] = []
+    failpoints.configure("fence.mutate.before_commit=sleep(0.6)@1")
+    try:
+        runners = [Runner(atomic), Runner(atomic)]
+        threads = [
+            threading.Thread(
+                target=lambda r=r: results.append(r.run(interval=INTERVAL, partition="1"))
+            )
+            for r in runners
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        failpoints.configure(None)
+        for r in runners:
+            r.close()
+    assert sorted(r.replayed for r in results) == [False, True]
+    assert len(_rows(pg_available, pg_schema)) == 6
+
+
+def test_a_waiter_past_its_lock_bound_is_unavailable_and_records_nothing(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """An in-flight atomic operation holds the fence row: a waiter gets FENCE_UNAVAILABLE."""
+    for i in range(2):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    slow = _workload(tmp_path, pg_available, pg_schema, journal=pg_available)
+    quick = _workload(tmp_path, pg_available, pg_schema, journal=pg_available, lock=0.3)
+    with Runner(slow) as first, Runner(quick) as second:
+        first.run(interval=INTERVAL, partition="0")
+        second.run(interval=INTERVAL, partition="0")  # warm: replay
+        failpoints.configure("fence.mutate.before_commit=sleep(1.5)@1")
+        try:
+            done: list[Any] = []
+            thread = threading.Thread(
+                target=lambda: done.append(first.run(interval=INTERVAL, partition="1"))
+            )
+            thread.start()
+            threading.Event().wait(0.4)
+            with pytest.raises(FenceUnavailable):
+                second.run(interval=INTERVAL, partition="1")
+            assert len(_entries(pg_available, pg_schema)) == 1, "nothing recorded meanwhile"
+            thread.join(30)
+        finally:
+            failpoints.configure(None)
+        assert not done[0].replayed
+        assert second.run(interval=INTERVAL, partition="1").replayed
+    assert len(_rows(pg_available, pg_schema)) == 6
+
+
+def test_forward_small_operations_are_born_committing(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """Forward mode (journal in another database): create+lease+COMMITTING is one write."""
+    for i in range(3):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal)
+    try:
+        with Runner(workload) as runner:
+            results = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(3)]
+            assert runner.run(interval=INTERVAL, partition="2").replayed
+        assert [r.mode.value for r in results] == ["forward_recovery"] * 3
+        assert [r.journal_version for r in results] == [3, 3, 3]
+        assert len(_rows(pg_available, pg_schema)) == 9
+        for entry, history in _entries(journal, pg_schema):
+            assert entry.state is CommitState.COMPLETE
+            assert check_history(history) == [], history
+            assert [(t.version, t.kind) for t in history][:4] == [
+                (1, "create"),
+                (1, "lease"),
+                (2, "fold"),
+                (2, "fold"),
+            ]
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
