@@ -1,4 +1,4 @@
-"""A loopback S3-API server for tests: moto's server, one request at a time (ADR 0007).
+"""A loopback S3-API server for tests: moto's server, one request at a time (ADR 0006).
 
 moto checks ``If-None-Match`` / ``If-Match`` and then writes, without a lock of its own;
 served by a single-threaded WSGI server, each request runs to its end before the next
