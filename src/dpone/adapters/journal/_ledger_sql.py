@@ -243,24 +243,37 @@ def begin_run(cur: _Cursor, d: LedgerDialect, start: RunStart) -> tuple[RunRecor
     """Insert the run if its key is new; return ``(run, created)``."""
     check_start(start)
     j = d.json_param()
-    inserted = cur.execute(
-        d.sql(
-            "INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, request_hash, "
-            "definition_hash, access_digest, access, provenance, state, current_attempt, "
-            f"created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, {j}, {j}, 'RUNNING', 0, NOW, NOW) "
-            "ON CONFLICT DO NOTHING RETURNING run_id"
-        ),
-        (
-            start.run_id,
-            start.idempotency_key,
-            start.operation_id,
-            start.request_hash,
-            start.definition_hash,
-            start.access_digest,
-            _rules.encode_mapping(start.access),
-            _rules.encode_mapping(start.provenance),
-        ),
-    ).fetchall()
+    insert = (
+        "INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, request_hash, "
+        "definition_hash, access_digest, access, provenance, state, current_attempt, "
+        f"created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, {j}, {j}, 'RUNNING', 0, NOW, NOW) "
+        "ON CONFLICT DO NOTHING"
+    )
+    values = (
+        start.run_id,
+        start.idempotency_key,
+        start.operation_id,
+        start.request_hash,
+        start.definition_hash,
+        start.access_digest,
+        _rules.encode_mapping(start.access),
+        _rules.encode_mapping(start.provenance),
+    )
+    if d.postgres:
+        # One round trip: the new run, or the existing one under the key (a replay). The
+        # fallback below covers a key committed by another session after this snapshot.
+        row = cur.execute(
+            d.sql(
+                f"WITH ins AS ({insert} RETURNING {_run_columns(d)}) "
+                "SELECT *, true FROM ins UNION ALL "
+                f"SELECT {_run_columns(d)}, false FROM dpone_runs "
+                "WHERE idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            (*values, start.idempotency_key),
+        ).fetchone()
+        if row is not None:
+            return run_from_row(tuple(row[:-1])), bool(row[-1])
+    inserted = cur.execute(d.sql(f"{insert} RETURNING run_id"), values).fetchall()
     row = cur.execute(
         d.sql(f"SELECT {_run_columns(d)} FROM dpone_runs WHERE idempotency_key = ?"),
         (start.idempotency_key,),
@@ -323,6 +336,19 @@ def _get_attempt(cur: _Cursor, d: LedgerDialect, run_id: str, attempt: int) -> A
     return None if row is None else attempt_from_row(row)
 
 
+def _refused_attempt(
+    cur: _Cursor, d: LedgerDialect, *, run_id: str, attempt: int, owner: str
+) -> AttemptRecord:
+    """The run was not moved up to ``attempt``: a repeated call, or a stale attempt."""
+    run = get_run(cur, d, run_id)
+    if run is None:
+        raise run_not_found(run_id)
+    same = _get_attempt(cur, d, run_id, attempt)
+    if run.current_attempt == attempt and same is not None and same.owner == owner:
+        return same  # a repeated call (a lost reply): the same attempt again
+    raise stale_attempt(run_id, attempt, run.current_attempt)
+
+
 def begin_attempt(
     cur: _Cursor,
     d: LedgerDialect,
@@ -337,6 +363,26 @@ def begin_attempt(
     origin = safe_mapping(provenance, allowed=PROVENANCE_KEYS)
     if int(attempt) < 1:
         raise ValueError("an attempt number is a lease epoch, at least 1")
+    if d.postgres:
+        # One round trip for the usual case (the attempt moves the run upward); a refused
+        # or repeated call takes the statements below, which explain the refusal.
+        row = cur.execute(
+            d.sql(
+                "WITH raised AS (UPDATE dpone_runs SET current_attempt = ?, state = 'RUNNING', "
+                "error_code = NULL, error_retryability = NULL, error_message = NULL, "
+                "updated_at = NOW WHERE run_id = ? AND current_attempt < ? RETURNING run_id), "
+                "superseded AS (UPDATE dpone_run_attempts SET state = 'SUPERSEDED', "
+                "ended_at = NOW WHERE run_id IN (SELECT run_id FROM raised) "
+                "AND state = 'RUNNING' AND attempt < ?), "
+                "ins AS (INSERT INTO dpone_run_attempts (run_id, attempt, owner, provenance, "
+                f"state, started_at) SELECT run_id, ?, ?, {d.json_param()}, 'RUNNING', NOW "
+                f"FROM raised RETURNING {_attempt_columns(d)}) SELECT * FROM ins"
+            ),
+            (attempt, run_id, attempt, attempt, attempt, owner, _rules.encode_mapping(origin)),
+        ).fetchone()
+        if row is not None:
+            return attempt_from_row(tuple(row))
+        return _refused_attempt(cur, d, run_id=run_id, attempt=attempt, owner=owner)
     raised = cur.execute(
         d.sql(
             "UPDATE dpone_runs SET current_attempt = ?, state = 'RUNNING', error_code = NULL, "
@@ -346,13 +392,7 @@ def begin_attempt(
         (attempt, run_id, attempt),
     ).fetchall()
     if not raised:
-        run = get_run(cur, d, run_id)
-        if run is None:
-            raise run_not_found(run_id)
-        same = _get_attempt(cur, d, run_id, attempt)
-        if run.current_attempt == attempt and same is not None and same.owner == owner:
-            return same  # a repeated call (a lost reply): the same attempt again
-        raise stale_attempt(run_id, attempt, run.current_attempt)
+        return _refused_attempt(cur, d, run_id=run_id, attempt=attempt, owner=owner)
     cur.execute(
         d.sql(
             "UPDATE dpone_run_attempts SET state = 'SUPERSEDED', ended_at = NOW "
@@ -384,6 +424,37 @@ def end_attempt(
     """Record the end of the current attempt; refuse a stale one (nothing changes)."""
     if state is RunState.RUNNING:
         raise ValueError("an attempt ends in COMPLETE, FAILED or UNRESOLVED, not RUNNING")
+    code = None if error is None else error.code
+    if d.postgres:
+        # One round trip: the run and its attempt move together, or neither does.
+        row = cur.execute(
+            d.sql(
+                "WITH ended AS (UPDATE dpone_runs SET state = ?, error_code = ?, "
+                "error_retryability = ?, error_message = ?, updated_at = NOW "
+                f"WHERE run_id = ? AND current_attempt = ? RETURNING {_run_columns(d)}), "
+                "attempt_ended AS (UPDATE dpone_run_attempts SET state = ?, error_code = ?, "
+                "ended_at = NOW WHERE run_id = ? AND attempt = ? AND state = 'RUNNING' "
+                "AND EXISTS (SELECT 1 FROM ended)) SELECT * FROM ended"
+            ),
+            (
+                state.value,
+                code,
+                None if error is None else error.retryability,
+                None if error is None else error.message,
+                run_id,
+                attempt,
+                attempt_state(state).value,
+                code,
+                run_id,
+                attempt,
+            ),
+        ).fetchone()
+        if row is not None:
+            return run_from_row(tuple(row))
+        run = get_run(cur, d, run_id)
+        if run is None:
+            raise run_not_found(run_id)
+        raise stale_attempt(run_id, attempt, run.current_attempt)
     row = cur.execute(
         d.sql(
             "UPDATE dpone_runs SET state = ?, error_code = ?, error_retryability = ?, "

@@ -547,6 +547,8 @@ class PostgresCommitJournal:
         self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
         self._lock = threading.Lock()
         self._pool: ConnectionPool[_Conn] | None = None
+        self._ledger_pool: ConnectionPool[_Conn] | None = None
+        self._ledger_pid = os.getpid()
         # Pools inherited through fork belong to the parent: never used, never closed
         # (closing would end the parent's sessions on the server).
         self._inherited: list[ConnectionPool[_Conn]] = []
@@ -1224,19 +1226,15 @@ class PostgresCommitJournal:
             placeholder="%s", prefix=f'"{self._schema}".', now="now()", postgres=True
         )
 
-        def in_transaction(conn: _Conn) -> _T:
-            with conn.transaction():
-                # The ledger is the record of who ran what, not the source of truth (the
-                # journal is): its writes commit without waiting for their own WAL flush.
-                # WAL is flushed in order, so a ledger write that precedes a journal or
-                # target commit on this server is durable once that commit is; only a
-                # server crash can lose the last ledger write, and the next replay of the
-                # run writes it again (docs/runs-and-retries.md). Saves a WAL sync per
-                # ledger write (issue 3's WAL budget).
-                conn.execute("SET LOCAL synchronous_commit = off")
-                return work(dialect, conn)
-
-        return self._run(action, in_transaction, repeatable=True)
+        # Every ledger write is one statement (the PostgreSQL branches of _ledger_sql), run
+        # on its own autocommit session whose commits do not wait for their WAL flush.
+        # The ledger is the record of who ran what, not the source of truth (the journal
+        # is), and WAL is flushed in order: a ledger write that precedes a journal or
+        # target commit on this server is durable once that commit is. Only a server
+        # crash can lose the last ledger write, and the next replay of the run writes it
+        # again (docs/runs-and-retries.md). This keeps the ledger out of the WAL-sync and
+        # round-trip budgets of issue 3.
+        return self._run(action, lambda conn: work(dialect, conn), repeatable=True, ledger=True)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -1244,7 +1242,14 @@ class PostgresCommitJournal:
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
+            ledger, self._ledger_pool = self._ledger_pool, None
             forked = os.getpid() != self._pid
+            ledger_forked = os.getpid() != self._ledger_pid
+        if ledger is not None:
+            if ledger_forked:
+                self._inherited.append(ledger)
+            else:
+                ledger.close()
         if pool is None:
             return
         if forked:
@@ -1423,7 +1428,14 @@ class PostgresCommitJournal:
             current=_entry(found),
         )
 
-    def _run(self, action: str, work: Callable[[_Conn], _T], *, repeatable: bool) -> _T:
+    def _run(
+        self,
+        action: str,
+        work: Callable[[_Conn], _T],
+        *,
+        repeatable: bool,
+        ledger: bool = False,
+    ) -> _T:
         """Run ``work`` on a pooled connection; translate every driver error.
 
         A connection found dead (the server restarted since it was pooled) is dropped
@@ -1431,7 +1443,7 @@ class PostgresCommitJournal:
         fresh connection, since running it twice is harmless.
         """
         for attempt in (1, 2):
-            pool = self._ready_pool()
+            pool = self._ready_ledger_pool() if ledger else self._ready_pool()
             lost = False
             try:
                 with pool.connection() as conn:
@@ -1485,6 +1497,36 @@ class PostgresCommitJournal:
                 )
                 self._pool.open(wait=False)
             return self._pool
+
+    def _ready_ledger_pool(self) -> ConnectionPool[_Conn]:
+        """The run ledger's sessions: asynchronous commit (see ``_ledger``), a small pool."""
+        pool = self._ledger_pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        self._ready_pool()  # migrated, opened, this process's
+        with self._lock:
+            self._check_open()
+            if self._ledger_pool is None or self._ledger_pid != os.getpid():
+                if self._ledger_pool is not None:
+                    self._inherited.append(self._ledger_pool)
+                self._ledger_pool = ConnectionPool(
+                    self._dsn,
+                    kwargs=self._connect_kwargs,
+                    min_size=0,
+                    max_size=max(1, min(2, self._pool_max)),
+                    open=False,
+                    configure=self._configure_ledger,
+                    name=f"{_APPLICATION_NAME}-ledger",
+                    timeout=self._connect_timeout_s,
+                    num_workers=1,
+                )
+                self._ledger_pool.open(wait=False)
+                self._ledger_pid = os.getpid()
+            return self._ledger_pool
+
+    def _configure_ledger(self, conn: _Conn) -> None:
+        self._configure(conn)
+        conn.execute("SELECT set_config('synchronous_commit', 'off', false)")
 
     def _configure(self, conn: _Conn) -> None:
         """Bound every lock wait and statement of a new pooled connection."""
