@@ -138,8 +138,17 @@ class PublicationService:
 
         Raises:
             IntentConflict: the generation was started from other source content.
+            PublicationRefused: cleanup deleted the generation (it is never rewritten).
 
         """
+        retired = self.retired(layout)
+        if retired is not None:
+            raise PublicationRefused(
+                f"generation {layout.generation} of this interval was deleted by cleanup "
+                f"(retired {retired}); nothing was written",
+                hint="write and publish the interval again as a backfill (--backfill LABEL), "
+                "which gets a new generation",
+            )
         body = canonical_json({"partitions": dict(sorted(sources.items()))})
         digest = _sha(body)
         if self._store.put_if_absent(layout.source_key, body) is not None:
@@ -161,6 +170,13 @@ class PublicationService:
             )
         return digest
 
+    def retired(self, layout: PartitionLayout) -> str | None:
+        """When cleanup retired (deleted) the generation, as ISO time; None if it did not."""
+        got = self._store.read(layout.retired_key)
+        if got is None:
+            return None
+        return str(load_json(got[0], what="retirement record").get("retired_at", "?"))
+
     def source_manifest(self, layout: PartitionLayout) -> str | None:
         """Digest of the pinned source manifest, or None when the generation has none."""
         got = self._store.read(layout.source_key)
@@ -175,6 +191,12 @@ class PublicationService:
 
         """
         problems: list[str] = []
+        retired = self.retired(layout)
+        if retired is not None:
+            problems.append(
+                f"generation {layout.generation} was deleted by cleanup (retired {retired}); "
+                "it is never published again: write the interval as a backfill"
+            )
         source = self.source_manifest(layout)
         if source is None:
             problems.append(f"generation {layout.generation} has no source manifest (not started)")
@@ -419,6 +441,7 @@ class PublicationService:
             "written_not_committed": written,
             "missing": missing,
             "source_manifest": self.source_manifest(layout),
+            "retired": self.retired(layout),
             "manifest_written": layout.manifest_key in objects,
             "current_generation": pointer.generation if pointer else None,
             "published": pointer is not None and pointer.generation == layout.generation,
@@ -482,11 +505,24 @@ class PublicationService:
             else:
                 deleted.append(generation)
                 if not dry_run:
-                    # the manifest and records last, so a half-done delete still reads as junk
-                    for obj in sorted(members, key=lambda o: o.key.endswith(".json")):
-                        self._store.delete(obj.key)
-                        count += 1
+                    count += self._retire(replace(layout, generation=generation), members)
         return CleanupReport(deleted=tuple(deleted), kept=kept, objects_deleted=count)
+
+    def _retire(self, layout: PartitionLayout, members: Sequence[StoredObject]) -> int:
+        """Record the generation as retired, then delete its objects; return how many.
+
+        The record comes first: from then on no writer pins the generation and reconcile
+        refuses it, so a writer that raced this cleanup can never get it published with
+        objects missing, and a rerun of the interval is told to use a backfill instead of
+        replaying partitions the journal remembers as COMPLETE.
+        """
+        stamp = datetime.fromtimestamp(self._clock(), UTC).isoformat()
+        record = canonical_json({"generation": layout.generation, "retired_at": stamp})
+        self._store.put_if_absent(layout.retired_key, record)  # an earlier retirement stays
+        # the manifest and records last, so a half-done delete still reads as junk
+        for obj in sorted(members, key=lambda o: o.key.endswith(".json")):
+            self._store.delete(obj.key)
+        return len(members)
 
 
 def _timestamp(iso: str) -> float:
