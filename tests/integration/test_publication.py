@@ -135,13 +135,18 @@ def test_audits_refuse_nulls_and_short_partitions(tmp_path: Path) -> None:
     """not_null and min_rows audits each name the failing partition."""
     write_tenants(tmp_path, TENANTS, rows=3)
     (tmp_path / "in" / "t2.csv").write_text("id,tenant,amount\n,t2,1\nx,t2,2\n")
-    path = write_workload(tmp_path, store=local_store(), audits={"min_rows": 3, "not_null": ["id"]})
+    audits = {"min_rows": 3, "not_null": ["id", "nope"]}
+    path = write_workload(tmp_path, store=local_store(), audits=audits)
     with Publication(path) as pub:
         pub.write()
         with pytest.raises(PublicationRefused) as caught:
             pub.publish()
-    assert "t2: audit min_rows failed (2 < 3)" in caught.value.message
-    assert "t2: audit not_null failed (1 nulls in id)" in caught.value.message
+        assert pub.read() is None
+    message = caught.value.message
+    assert "t2: audit min_rows failed (2 < 3)" in message
+    assert "t2: audit not_null failed (1 nulls in id)" in message
+    assert "t1: audit not_null names unknown column nope" in message
+    assert "t1: audit min_rows" not in message
 
 
 def test_cleanup_keeps_current_and_waits_for_recovery(pub: Publication) -> None:
@@ -172,6 +177,17 @@ def test_cleanup_keeps_current_and_waits_for_recovery(pub: Publication) -> None:
     assert done.kept == {current: "current"}
     assert pub.store.list(pub.layout("old").prefix) == []
     assert len(_ids(pub)) == 150
+    # a deleted generation never comes back half: a rerun is told to use a new backfill
+    # (its partitions are COMPLETE in the journal and would otherwise replay into nothing)
+    with pytest.raises(PublicationRefused, match="deleted by cleanup") as refused:
+        pub.write(backfill="old")
+    assert "--backfill" in (refused.value.hint or "")
+    with pytest.raises(PublicationRefused, match="deleted by cleanup"):
+        pub.reconcile(backfill="old")
+    assert pub.store.list(pub.layout("old").prefix) == []
+    assert pub.status(backfill="old")["retired"] is not None
+    assert pub.status()["retired"] is None
+    assert pub.cleanup(older_than_hours=0).deleted == ()
 
 
 def test_csv_format(tmp_path: Path) -> None:
@@ -317,3 +333,64 @@ def test_pinned_source_hashes_in_the_workload(tmp_path: Path) -> None:
     with Publication(path) as pub:
         _, published = pub.run()
         assert published.rows == 12
+
+
+def test_backfill_of_a_corrected_source_is_isolated(pub: Publication, workload: Path) -> None:
+    """A backfill writes its own generation and journal entries; readers and the original
+    generation are untouched until its publish, and the original stays publishable."""
+    pub.run()
+    original = pub.layout()
+    before = {o.key: o.etag for o in pub.store.list(original.prefix)}
+    (workload.parent / "in" / "t2.csv").write_text("id,tenant,amount\nt2-new,t2,7\n")
+    with pytest.raises(IntentConflict):
+        pub.write()  # the original generation keeps its pinned cut
+    results = pub.write(backfill="fix")
+    assert all(r.state is CommitState.COMPLETE and not r.replayed for r in results)
+    fix = pub.layout("fix")
+    assert {o.key: o.etag for o in pub.store.list(original.prefix)} == before
+    view = pub.read()
+    assert view is not None
+    assert view.pointer.generation == original.generation  # nothing visible before publish
+    assert "t2-new" not in _ids(pub)
+    ids = {e.operation_id for e in pub.journal.list_entries(limit=100)}
+    assert len(ids) == 2 * len(TENANTS)  # its own operations, none of the original's reused
+    published = pub.publish(backfill="fix")
+    assert (published.generation, published.previous_generation) == (
+        fix.generation,
+        original.generation,
+    )
+    assert _ids(pub)["t2-new"] == 1
+    assert len(_ids(pub)) == 101
+    assert {o.key: o.etag for o in pub.store.list(original.prefix)} == before
+    back = pub.publish()  # the untouched original can be published again (a rollback)
+    assert back.previous_generation == fix.generation
+    assert len(_ids(pub)) == 150
+    assert "t2-new" not in _ids(pub)
+
+
+def test_cleanup_is_blocked_only_by_a_recovery_of_the_same_interval(tmp_path: Path) -> None:
+    """An unresolved partition of another interval does not hold this interval's cleanup."""
+    write_tenants(tmp_path, TENANTS, rows=3)
+    path = write_workload(tmp_path, store=local_store())
+    data = json.loads(path.read_text())
+    del data["publication"]["interval"]
+    path.write_text(json.dumps(data))
+    with (
+        Publication(path, interval=INTERVAL) as first,
+        Publication(path, interval="2026-11-02/2026-11-03") as second,
+    ):
+        first.run(backfill="old")
+        first.run()
+        failpoints.configure("fence.mutate.before_commit=raise")
+        with pytest.raises(InjectedFault):
+            second.write(partitions=["t1"])
+        failpoints.configure(None)
+        assert second.cleanup(older_than_hours=0).deleted == ()
+        assert (
+            "never clean up during a recovery"
+            in second.cleanup(older_than_hours=0).kept[second.layout().generation]
+        )
+        done = first.cleanup(older_than_hours=0)
+        assert done.deleted == (first.layout("old").generation,)
+        assert first.store.list(first.layout("old").prefix) == []
+        assert second.store.head(second.layout().data_key("t1")) is not None
