@@ -394,3 +394,61 @@ def test_cleanup_is_blocked_only_by_a_recovery_of_the_same_interval(tmp_path: Pa
         assert done.deleted == (first.layout("old").generation,)
         assert first.store.list(first.layout("old").prefix) == []
         assert second.store.head(second.layout().data_key("t1")) is not None
+
+
+def test_reconcile_lists_every_problem_at_once(tmp_path: Path) -> None:
+    """Each way a generation can be wrong is named with its partition, all in one refusal."""
+    import dataclasses
+    import hashlib
+
+    from dpone.contracts.load import Column, ColumnType
+    from dpone.contracts.publication import ChecksumRecord
+
+    tenants = ("t1", "t2", "t3", "t4", "t5", "t6", "t7")
+    write_tenants(tmp_path, tenants, rows=5)
+    with Publication(write_workload(tmp_path, store=local_store())) as pub:
+        pub.write()
+        layout, store = pub.layout(), pub.store
+
+        def record(partition: str) -> ChecksumRecord:
+            got = store.read(layout.checksum_key(partition))
+            assert got is not None
+            return ChecksumRecord.from_bytes(got[0])
+
+        def rewrite(partition: str, **changes: object) -> None:
+            changed = dataclasses.replace(record(partition), **changes)  # type: ignore[arg-type]
+            store.put(layout.checksum_key(partition), changed.to_bytes())
+
+        def sha(data: bytes) -> str:
+            return "sha256:" + hashlib.sha256(data).hexdigest()
+
+        rewrite("t1", rows=6)
+        rewrite("t2", source_manifest="sha256:" + "0" * 64)
+        store.put(layout.checksum_key("t3"), b"{not json")
+        store.delete(layout.data_key("t4"))
+        store.delete(layout.checksum_key("t5"))
+        store.put(layout.data_key("t6"), b"garbage")
+        rewrite("t6", sha256=sha(b"garbage"))
+        other, rows = pub.format.encode(
+            (Column(name="only", type=ColumnType.TEXT),), [[("x",)] * 5]
+        )
+        store.put(layout.data_key("t7"), other)
+        rewrite("t7", sha256=sha(other), rows=rows)
+        store.put(layout.data_key("t9"), other)
+        store.put(layout.checksum_key("t9"), record("t7").to_bytes())
+        with pytest.raises(PublicationRefused) as caught:
+            pub.publish()
+        assert pub.read() is None
+    message = caught.value.message
+    for expected in (
+        "unexpected partitions in the generation: t9",
+        "missing partitions (1 of 7): t5 (data written, not committed)",
+        "t1: row count mismatch (file 5, record 6)",
+        "t2: written from another source cut",
+        "t3: checksum record is damaged",
+        "t4: data object is missing",
+        "t6: data object is not a readable parquet file",
+        "partitions have different columns",
+    ):
+        assert expected in message, (expected, message)
+    assert "t7" in message.split("different columns", 1)[1]
