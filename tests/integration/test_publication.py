@@ -14,6 +14,7 @@ from dpone.config.publication import Publication
 from dpone.config.workload import load_workload
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, InjectedFault, IntentConflict, PublicationRefused
+from dpone.publication.service import unresolved_targets
 from dpone.runtime import failpoints
 from dpone.testing.crash import run_dpone
 from dpone.testing.s3_server import S3Server
@@ -390,6 +391,16 @@ def test_cleanup_is_blocked_only_by_a_recovery_of_the_same_interval(tmp_path: Pa
             "never clean up during a recovery"
             in second.cleanup(older_than_hours=0).kept[second.layout().generation]
         )
+        # more unresolved operations than cleanup can list: it cannot tell, so it keeps all
+        assert unresolved_targets(first.journal, limit=1) is None
+        unsure = first.service.cleanup(
+            first.layout(),
+            older_than_seconds=0,
+            unresolved=None,
+            target_prefix=f"staging:{first.store.location()}/{first.layout().interval_prefix}/",
+        )
+        assert unsure.deleted == ()
+        assert "too many unresolved operations" in unsure.kept[first.layout("old").generation]
         done = first.cleanup(older_than_hours=0)
         assert done.deleted == (first.layout("old").generation,)
         assert first.store.list(first.layout("old").prefix) == []

@@ -96,10 +96,16 @@ class CleanupReport:
     objects_deleted: int
 
 
-def unresolved_targets(journal: CommitJournalPort, *, limit: int = 10_000) -> list[str]:
-    """Target identities of operations that are not COMPLETE (still to finish or recover)."""
+def unresolved_targets(journal: CommitJournalPort, *, limit: int = 10_000) -> list[str] | None:
+    """Target identities of operations that are not COMPLETE (still to finish or recover).
+
+    None when the journal holds ``limit`` or more of them: the list would be cut short, so
+    an interval's recovery could be missed (cleanup then keeps everything).
+    """
     open_states = frozenset(s for s in CommitState if s is not CommitState.COMPLETE)
     entries = journal.list_entries(states=open_states, limit=limit)
+    if len(entries) >= limit:
+        return None
     return [str(e.metadata.get("target_identity", "")) for e in entries]
 
 
@@ -453,7 +459,7 @@ class PublicationService:
         layout: PartitionLayout,
         *,
         older_than_seconds: float,
-        unresolved: Sequence[str],
+        unresolved: Sequence[str] | None,
         target_prefix: str,
         dry_run: bool = False,
     ) -> CleanupReport:
@@ -466,7 +472,8 @@ class PublicationService:
         Args:
             layout: any layout of the dataset x interval (its generation is ignored).
             older_than_seconds: the retention cutoff.
-            unresolved: target identities of operations not COMPLETE.
+            unresolved: target identities of operations not COMPLETE; None when they
+                could not all be listed (nothing is deleted then).
             target_prefix: ``staging:<store>/<dataset>/<interval>/`` for matching those.
             dry_run: report without deleting.
 
@@ -481,7 +488,7 @@ class PublicationService:
         found = self._store.read(layout.current_key)
         pointer = None if found is None else CurrentPointer.from_bytes(found[0])
         current = pointer.generation if pointer else None
-        recovering = [t for t in unresolved if t.startswith(target_prefix)]
+        blocked = _recovery_block(unresolved, target_prefix)
         cutoff = self._clock() - older_than_seconds
         # readers that resolved current just before the last publish may still read the
         # generation it replaced: keep that one until the cutoff has passed since then
@@ -493,11 +500,8 @@ class PublicationService:
         for generation, members in sorted(generations.items()):
             if generation == current:
                 kept[generation] = "current"
-            elif recovering:
-                kept[generation] = (
-                    f"{len(recovering)} unresolved operation(s) on this interval: "
-                    "never clean up during a recovery"
-                )
+            elif blocked is not None:
+                kept[generation] = blocked
             elif generation == superseded and superseded_recently:
                 kept[generation] = "replaced by current less than the retention cutoff ago"
             elif max(o.modified_at for o in members) > cutoff:
@@ -523,6 +527,22 @@ class PublicationService:
         for obj in sorted(members, key=lambda o: o.key.endswith(".json")):
             self._store.delete(obj.key)
         return len(members)
+
+
+def _recovery_block(unresolved: Sequence[str] | None, target_prefix: str) -> str | None:
+    """Why nothing of the interval may be deleted now, or None when nothing blocks."""
+    if unresolved is None:
+        return (
+            "the journal holds too many unresolved operations to tell whether this interval "
+            "is being recovered: never clean up during a recovery"
+        )
+    recovering = [t for t in unresolved if t.startswith(target_prefix)]
+    if not recovering:
+        return None
+    return (
+        f"{len(recovering)} unresolved operation(s) on this interval: "
+        "never clean up during a recovery"
+    )
 
 
 def _timestamp(iso: str) -> float:
