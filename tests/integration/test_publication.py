@@ -94,11 +94,17 @@ def test_generation_is_derived_and_backfill_is_isolated(pub: Publication) -> Non
 
 def test_incomplete_set_is_refused_with_the_missing_partitions(pub: Publication) -> None:
     """Reconcile names what is missing; readers stay on nothing (no premature current)."""
+    assert pub.status()["partial_age_seconds"] is None  # not started
     pub.write(partitions=["t1"])
     with pytest.raises(PublicationRefused) as caught:
         pub.publish()
     assert "missing partitions (2 of 3): t2, t3" in caught.value.message
     assert pub.read() is None
+    age = pub.status()["partial_age_seconds"]
+    assert isinstance(age, float)
+    assert 0 <= age < 120
+    pub.write()
+    assert pub.status()["partial_age_seconds"] is None  # complete
 
 
 def test_source_changed_between_attempts_is_an_intent_conflict(

@@ -427,8 +427,14 @@ class PublicationService:
 
     # ------------------------------------------------------------------ status
     def status(self, spec: PublicationSpec, layout: PartitionLayout) -> dict[str, object]:
-        """Committed / written / missing partitions of the generation, and what is current."""
-        objects = {o.key for o in self._store.list(layout.prefix)}
+        """Committed / written / missing partitions of the generation, and what is current.
+
+        ``partial_age_seconds`` is how long a started, incomplete generation has been
+        waiting (since its first object): the figure to alert on when a publication is
+        blocked; None when the generation is complete or not started.
+        """
+        listed = self._store.list(layout.prefix)
+        objects = {o.key for o in listed}
         committed = [p for p in spec.partitions if layout.checksum_key(p) in objects]
         written = [
             p
@@ -438,6 +444,8 @@ class PublicationService:
         missing = [p for p in spec.partitions if p not in committed and p not in written]
         found = self._store.read(layout.current_key)
         pointer = None if found is None else CurrentPointer.from_bytes(found[0])
+        partial = bool(listed) and bool(written or missing)
+        started = min((o.modified_at for o in listed), default=None)
         return {
             "dataset": spec.dataset,
             "interval": spec.interval.canonical(),
@@ -446,6 +454,9 @@ class PublicationService:
             "committed": committed,
             "written_not_committed": written,
             "missing": missing,
+            "partial_age_seconds": (
+                round(self._clock() - started, 1) if partial and started is not None else None
+            ),
             "source_manifest": self.source_manifest(layout),
             "retired": self.retired(layout),
             "manifest_written": layout.manifest_key in objects,
