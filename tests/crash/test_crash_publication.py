@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -149,3 +151,59 @@ def test_two_publishers_race_one_wins(root: Path) -> None:
     assert error["code"] == "DPONE_PUBLICATION_CONFLICT"
     assert generations[winner] in error["message"]
     _assert_complete_report(root, generations[winner])
+
+
+def test_reader_during_a_killed_publish_sees_only_complete_manifests(root: Path) -> None:
+    """A reader polls current while a publisher writes, is SIGKILLed mid-publish and reruns.
+
+    Every read, concurrent with each step, is one whole generation with every row exactly
+    once: the previous one until the rerun's pointer move, then the new one, never back.
+    """
+    with Publication(root / "pub.yaml", environ=ENV) as pub:
+        v1, v2 = pub.layout("v1").generation, pub.layout("v2").generation
+    stop = threading.Event()
+    seen: list[str] = []
+    failures: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            while not stop.is_set():
+                generation, ids, partitions = _reader(root)
+                assert partitions == len(TENANTS), (generation, partitions)
+                assert len(ids) == ROWS * len(TENANTS), (generation, len(ids))
+                assert set(ids.values()) == {1}, generation
+                seen.append(generation)
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    args = ["publication", "run", "pub.yaml", "--backfill", "v2"]
+    try:
+        # the manifest of v2 exists for a while before the process dies short of current
+        killed = run_dpone(
+            args,
+            cwd=root,
+            failpoints="after:COMPLETE=sleep(0.2);after:publication.manifest=sleep(0.6);"
+            "before:publication.current=kill",
+            env=S3_ENV,
+        )
+        during_kill = len(seen)
+        rerun = run_dpone(
+            args, cwd=root, failpoints="after:publication.current=sleep(0.6)", env=S3_ENV
+        )
+        while len(seen) == during_kill or seen[-1] != v2:  # one more read after the move
+            assert not failures
+            assert reader.is_alive()
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        reader.join(timeout=60)
+    assert not failures, failures[0]
+    assert killed.returncode == -9, killed.stderr
+    assert rerun.returncode == 0, rerun.stderr
+    assert during_kill >= 3, "the reader did not overlap the killed publisher"
+    assert seen[:during_kill] == [v1] * during_kill
+    flip = seen.index(v2)
+    assert set(seen[:flip]) == {v1}
+    assert set(seen[flip:]) == {v2}

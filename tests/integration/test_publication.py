@@ -14,6 +14,7 @@ from dpone.config.publication import Publication
 from dpone.config.workload import load_workload
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, InjectedFault, IntentConflict, PublicationRefused
+from dpone.publication.service import unresolved_targets
 from dpone.runtime import failpoints
 from dpone.testing.crash import run_dpone
 from dpone.testing.s3_server import S3Server
@@ -93,11 +94,17 @@ def test_generation_is_derived_and_backfill_is_isolated(pub: Publication) -> Non
 
 def test_incomplete_set_is_refused_with_the_missing_partitions(pub: Publication) -> None:
     """Reconcile names what is missing; readers stay on nothing (no premature current)."""
+    assert pub.status()["partial_age_seconds"] is None  # not started
     pub.write(partitions=["t1"])
     with pytest.raises(PublicationRefused) as caught:
         pub.publish()
     assert "missing partitions (2 of 3): t2, t3" in caught.value.message
     assert pub.read() is None
+    age = pub.status()["partial_age_seconds"]
+    assert isinstance(age, float)
+    assert 0 <= age < 120
+    pub.write()
+    assert pub.status()["partial_age_seconds"] is None  # complete
 
 
 def test_source_changed_between_attempts_is_an_intent_conflict(
@@ -135,13 +142,18 @@ def test_audits_refuse_nulls_and_short_partitions(tmp_path: Path) -> None:
     """not_null and min_rows audits each name the failing partition."""
     write_tenants(tmp_path, TENANTS, rows=3)
     (tmp_path / "in" / "t2.csv").write_text("id,tenant,amount\n,t2,1\nx,t2,2\n")
-    path = write_workload(tmp_path, store=local_store(), audits={"min_rows": 3, "not_null": ["id"]})
+    audits = {"min_rows": 3, "not_null": ["id", "nope"]}
+    path = write_workload(tmp_path, store=local_store(), audits=audits)
     with Publication(path) as pub:
         pub.write()
         with pytest.raises(PublicationRefused) as caught:
             pub.publish()
-    assert "t2: audit min_rows failed (2 < 3)" in caught.value.message
-    assert "t2: audit not_null failed (1 nulls in id)" in caught.value.message
+        assert pub.read() is None
+    message = caught.value.message
+    assert "t2: audit min_rows failed (2 < 3)" in message
+    assert "t2: audit not_null failed (1 nulls in id)" in message
+    assert "t1: audit not_null names unknown column nope" in message
+    assert "t1: audit min_rows" not in message
 
 
 def test_cleanup_keeps_current_and_waits_for_recovery(pub: Publication) -> None:
@@ -172,6 +184,17 @@ def test_cleanup_keeps_current_and_waits_for_recovery(pub: Publication) -> None:
     assert done.kept == {current: "current"}
     assert pub.store.list(pub.layout("old").prefix) == []
     assert len(_ids(pub)) == 150
+    # a deleted generation never comes back half: a rerun is told to use a new backfill
+    # (its partitions are COMPLETE in the journal and would otherwise replay into nothing)
+    with pytest.raises(PublicationRefused, match="deleted by cleanup") as refused:
+        pub.write(backfill="old")
+    assert "--backfill" in (refused.value.hint or "")
+    with pytest.raises(PublicationRefused, match="deleted by cleanup"):
+        pub.reconcile(backfill="old")
+    assert pub.store.list(pub.layout("old").prefix) == []
+    assert pub.status(backfill="old")["retired"] is not None
+    assert pub.status()["retired"] is None
+    assert pub.cleanup(older_than_hours=0).deleted == ()
 
 
 def test_csv_format(tmp_path: Path) -> None:
@@ -317,3 +340,132 @@ def test_pinned_source_hashes_in_the_workload(tmp_path: Path) -> None:
     with Publication(path) as pub:
         _, published = pub.run()
         assert published.rows == 12
+
+
+def test_backfill_of_a_corrected_source_is_isolated(pub: Publication, workload: Path) -> None:
+    """A backfill writes its own generation and journal entries; readers and the original
+    generation are untouched until its publish, and the original stays publishable."""
+    pub.run()
+    original = pub.layout()
+    before = {o.key: o.etag for o in pub.store.list(original.prefix)}
+    (workload.parent / "in" / "t2.csv").write_text("id,tenant,amount\nt2-new,t2,7\n")
+    with pytest.raises(IntentConflict):
+        pub.write()  # the original generation keeps its pinned cut
+    results = pub.write(backfill="fix")
+    assert all(r.state is CommitState.COMPLETE and not r.replayed for r in results)
+    fix = pub.layout("fix")
+    assert {o.key: o.etag for o in pub.store.list(original.prefix)} == before
+    view = pub.read()
+    assert view is not None
+    assert view.pointer.generation == original.generation  # nothing visible before publish
+    assert "t2-new" not in _ids(pub)
+    ids = {e.operation_id for e in pub.journal.list_entries(limit=100)}
+    assert len(ids) == 2 * len(TENANTS)  # its own operations, none of the original's reused
+    published = pub.publish(backfill="fix")
+    assert (published.generation, published.previous_generation) == (
+        fix.generation,
+        original.generation,
+    )
+    assert _ids(pub)["t2-new"] == 1
+    assert len(_ids(pub)) == 101
+    assert {o.key: o.etag for o in pub.store.list(original.prefix)} == before
+    back = pub.publish()  # the untouched original can be published again (a rollback)
+    assert back.previous_generation == fix.generation
+    assert len(_ids(pub)) == 150
+    assert "t2-new" not in _ids(pub)
+
+
+def test_cleanup_is_blocked_only_by_a_recovery_of_the_same_interval(tmp_path: Path) -> None:
+    """An unresolved partition of another interval does not hold this interval's cleanup."""
+    write_tenants(tmp_path, TENANTS, rows=3)
+    path = write_workload(tmp_path, store=local_store())
+    data = json.loads(path.read_text())
+    del data["publication"]["interval"]
+    path.write_text(json.dumps(data))
+    with (
+        Publication(path, interval=INTERVAL) as first,
+        Publication(path, interval="2026-11-02/2026-11-03") as second,
+    ):
+        first.run(backfill="old")
+        first.run()
+        failpoints.configure("fence.mutate.before_commit=raise")
+        with pytest.raises(InjectedFault):
+            second.write(partitions=["t1"])
+        failpoints.configure(None)
+        assert second.cleanup(older_than_hours=0).deleted == ()
+        assert (
+            "never clean up during a recovery"
+            in second.cleanup(older_than_hours=0).kept[second.layout().generation]
+        )
+        # more unresolved operations than cleanup can list: it cannot tell, so it keeps all
+        assert unresolved_targets(first.journal, limit=1) is None
+        unsure = first.service.cleanup(
+            first.layout(),
+            older_than_seconds=0,
+            unresolved=None,
+            target_prefix=f"staging:{first.store.location()}/{first.layout().interval_prefix}/",
+        )
+        assert unsure.deleted == ()
+        assert "too many unresolved operations" in unsure.kept[first.layout("old").generation]
+        done = first.cleanup(older_than_hours=0)
+        assert done.deleted == (first.layout("old").generation,)
+        assert first.store.list(first.layout("old").prefix) == []
+        assert second.store.head(second.layout().data_key("t1")) is not None
+
+
+def test_reconcile_lists_every_problem_at_once(tmp_path: Path) -> None:
+    """Each way a generation can be wrong is named with its partition, all in one refusal."""
+    import dataclasses
+    import hashlib
+
+    from dpone.contracts.load import Column, ColumnType
+    from dpone.contracts.publication import ChecksumRecord
+
+    tenants = ("t1", "t2", "t3", "t4", "t5", "t6", "t7")
+    write_tenants(tmp_path, tenants, rows=5)
+    with Publication(write_workload(tmp_path, store=local_store())) as pub:
+        pub.write()
+        layout, store = pub.layout(), pub.store
+
+        def record(partition: str) -> ChecksumRecord:
+            got = store.read(layout.checksum_key(partition))
+            assert got is not None
+            return ChecksumRecord.from_bytes(got[0])
+
+        def rewrite(partition: str, **changes: object) -> None:
+            changed = dataclasses.replace(record(partition), **changes)  # type: ignore[arg-type]
+            store.put(layout.checksum_key(partition), changed.to_bytes())
+
+        def sha(data: bytes) -> str:
+            return "sha256:" + hashlib.sha256(data).hexdigest()
+
+        rewrite("t1", rows=6)
+        rewrite("t2", source_manifest="sha256:" + "0" * 64)
+        store.put(layout.checksum_key("t3"), b"{not json")
+        store.delete(layout.data_key("t4"))
+        store.delete(layout.checksum_key("t5"))
+        store.put(layout.data_key("t6"), b"garbage")
+        rewrite("t6", sha256=sha(b"garbage"))
+        other, rows = pub.format.encode(
+            (Column(name="only", type=ColumnType.TEXT),), [[("x",)] * 5]
+        )
+        store.put(layout.data_key("t7"), other)
+        rewrite("t7", sha256=sha(other), rows=rows)
+        store.put(layout.data_key("t9"), other)
+        store.put(layout.checksum_key("t9"), record("t7").to_bytes())
+        with pytest.raises(PublicationRefused) as caught:
+            pub.publish()
+        assert pub.read() is None
+    message = caught.value.message
+    for expected in (
+        "unexpected partitions in the generation: t9",
+        "missing partitions (1 of 7): t5 (data written, not committed)",
+        "t1: row count mismatch (file 5, record 6)",
+        "t2: written from another source cut",
+        "t3: checksum record is damaged",
+        "t4: data object is missing",
+        "t6: data object is not a readable parquet file",
+        "partitions have different columns",
+    ):
+        assert expected in message, (expected, message)
+    assert "t7" in message.split("different columns", 1)[1]

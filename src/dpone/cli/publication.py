@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,6 +54,22 @@ def _result_json(result: Any) -> dict[str, Any]:
     return summary
 
 
+@contextmanager
+def _frozen_gc() -> Iterator[None]:
+    """Hide every object alive now from the cyclic collector while partitions are written.
+
+    What opening a publication imported (pydantic models, pyarrow) lives as long as the
+    command; without this, each full collection that millions of row tuples trigger
+    re-walks it (docs/benchmarks.md, partition publication). Scoped, so a caller that runs
+    the command in-process (tests, embedding) gets its objects back into collection after.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def write_publication(
     workload: Path,
     *,
@@ -63,8 +81,7 @@ def write_publication(
 ) -> None:
     """Write partitions (and publish when asked); shared by ``write`` and ``dpone run``."""
     ui = _ui()
-    with ui._boundary(as_json), _open(workload, interval) as pub:
-        gc.freeze()  # what opening imported (pydantic models, pyarrow) lives as long as we do
+    with ui._boundary(as_json), _open(workload, interval) as pub, _frozen_gc():
         results = pub.write(backfill=backfill, partitions=partitions)
         published = pub.publish(backfill=backfill) if publish else None
         generation = pub.layout(backfill).generation

@@ -96,6 +96,14 @@ class PartitionLayout:
         """The generation's validated manifest."""
         return f"{self.prefix}/_manifest.json"
 
+    @property
+    def retired_key(self) -> str:
+        """Written by cleanup before it deletes the generation; the generation never returns.
+
+        It lies outside ``gen=<g>/`` so that deleting the generation leaves it in place.
+        """
+        return f"{self.interval_prefix}/_retired/{self.generation}.json"
+
     def data_key(self, partition: str) -> str:
         """The partition's data object."""
         return f"{self.prefix}/{partition}.{FORMATS[self.fmt]}"

@@ -96,10 +96,16 @@ class CleanupReport:
     objects_deleted: int
 
 
-def unresolved_targets(journal: CommitJournalPort, *, limit: int = 10_000) -> list[str]:
-    """Target identities of operations that are not COMPLETE (still to finish or recover)."""
+def unresolved_targets(journal: CommitJournalPort, *, limit: int = 10_000) -> list[str] | None:
+    """Target identities of operations that are not COMPLETE (still to finish or recover).
+
+    None when the journal holds ``limit`` or more of them: the list would be cut short, so
+    an interval's recovery could be missed (cleanup then keeps everything).
+    """
     open_states = frozenset(s for s in CommitState if s is not CommitState.COMPLETE)
     entries = journal.list_entries(states=open_states, limit=limit)
+    if len(entries) >= limit:
+        return None
     return [str(e.metadata.get("target_identity", "")) for e in entries]
 
 
@@ -138,8 +144,17 @@ class PublicationService:
 
         Raises:
             IntentConflict: the generation was started from other source content.
+            PublicationRefused: cleanup deleted the generation (it is never rewritten).
 
         """
+        retired = self.retired(layout)
+        if retired is not None:
+            raise PublicationRefused(
+                f"generation {layout.generation} of this interval was deleted by cleanup "
+                f"(retired {retired}); nothing was written",
+                hint="write and publish the interval again as a backfill (--backfill LABEL), "
+                "which gets a new generation",
+            )
         body = canonical_json({"partitions": dict(sorted(sources.items()))})
         digest = _sha(body)
         if self._store.put_if_absent(layout.source_key, body) is not None:
@@ -161,6 +176,13 @@ class PublicationService:
             )
         return digest
 
+    def retired(self, layout: PartitionLayout) -> str | None:
+        """When cleanup retired (deleted) the generation, as ISO time; None if it did not."""
+        got = self._store.read(layout.retired_key)
+        if got is None:
+            return None
+        return str(load_json(got[0], what="retirement record").get("retired_at", "?"))
+
     def source_manifest(self, layout: PartitionLayout) -> str | None:
         """Digest of the pinned source manifest, or None when the generation has none."""
         got = self._store.read(layout.source_key)
@@ -175,6 +197,12 @@ class PublicationService:
 
         """
         problems: list[str] = []
+        retired = self.retired(layout)
+        if retired is not None:
+            problems.append(
+                f"generation {layout.generation} was deleted by cleanup (retired {retired}); "
+                "it is never published again: write the interval as a backfill"
+            )
         source = self.source_manifest(layout)
         if source is None:
             problems.append(f"generation {layout.generation} has no source manifest (not started)")
@@ -399,8 +427,14 @@ class PublicationService:
 
     # ------------------------------------------------------------------ status
     def status(self, spec: PublicationSpec, layout: PartitionLayout) -> dict[str, object]:
-        """Committed / written / missing partitions of the generation, and what is current."""
-        objects = {o.key for o in self._store.list(layout.prefix)}
+        """Committed / written / missing partitions of the generation, and what is current.
+
+        ``partial_age_seconds`` is how long a started, incomplete generation has been
+        waiting (since its first object): the figure to alert on when a publication is
+        blocked; None when the generation is complete or not started.
+        """
+        listed = self._store.list(layout.prefix)
+        objects = {o.key for o in listed}
         committed = [p for p in spec.partitions if layout.checksum_key(p) in objects]
         written = [
             p
@@ -410,6 +444,8 @@ class PublicationService:
         missing = [p for p in spec.partitions if p not in committed and p not in written]
         found = self._store.read(layout.current_key)
         pointer = None if found is None else CurrentPointer.from_bytes(found[0])
+        partial = bool(listed) and bool(written or missing)
+        started = min((o.modified_at for o in listed), default=None)
         return {
             "dataset": spec.dataset,
             "interval": spec.interval.canonical(),
@@ -418,7 +454,11 @@ class PublicationService:
             "committed": committed,
             "written_not_committed": written,
             "missing": missing,
+            "partial_age_seconds": (
+                round(self._clock() - started, 1) if partial and started is not None else None
+            ),
             "source_manifest": self.source_manifest(layout),
+            "retired": self.retired(layout),
             "manifest_written": layout.manifest_key in objects,
             "current_generation": pointer.generation if pointer else None,
             "published": pointer is not None and pointer.generation == layout.generation,
@@ -430,7 +470,7 @@ class PublicationService:
         layout: PartitionLayout,
         *,
         older_than_seconds: float,
-        unresolved: Sequence[str],
+        unresolved: Sequence[str] | None,
         target_prefix: str,
         dry_run: bool = False,
     ) -> CleanupReport:
@@ -443,7 +483,8 @@ class PublicationService:
         Args:
             layout: any layout of the dataset x interval (its generation is ignored).
             older_than_seconds: the retention cutoff.
-            unresolved: target identities of operations not COMPLETE.
+            unresolved: target identities of operations not COMPLETE; None when they
+                could not all be listed (nothing is deleted then).
             target_prefix: ``staging:<store>/<dataset>/<interval>/`` for matching those.
             dry_run: report without deleting.
 
@@ -458,7 +499,7 @@ class PublicationService:
         found = self._store.read(layout.current_key)
         pointer = None if found is None else CurrentPointer.from_bytes(found[0])
         current = pointer.generation if pointer else None
-        recovering = [t for t in unresolved if t.startswith(target_prefix)]
+        blocked = _recovery_block(unresolved, target_prefix)
         cutoff = self._clock() - older_than_seconds
         # readers that resolved current just before the last publish may still read the
         # generation it replaced: keep that one until the cutoff has passed since then
@@ -470,11 +511,8 @@ class PublicationService:
         for generation, members in sorted(generations.items()):
             if generation == current:
                 kept[generation] = "current"
-            elif recovering:
-                kept[generation] = (
-                    f"{len(recovering)} unresolved operation(s) on this interval: "
-                    "never clean up during a recovery"
-                )
+            elif blocked is not None:
+                kept[generation] = blocked
             elif generation == superseded and superseded_recently:
                 kept[generation] = "replaced by current less than the retention cutoff ago"
             elif max(o.modified_at for o in members) > cutoff:
@@ -482,11 +520,40 @@ class PublicationService:
             else:
                 deleted.append(generation)
                 if not dry_run:
-                    # the manifest and records last, so a half-done delete still reads as junk
-                    for obj in sorted(members, key=lambda o: o.key.endswith(".json")):
-                        self._store.delete(obj.key)
-                        count += 1
+                    count += self._retire(replace(layout, generation=generation), members)
         return CleanupReport(deleted=tuple(deleted), kept=kept, objects_deleted=count)
+
+    def _retire(self, layout: PartitionLayout, members: Sequence[StoredObject]) -> int:
+        """Record the generation as retired, then delete its objects; return how many.
+
+        The record comes first: from then on no writer pins the generation and reconcile
+        refuses it, so a writer that raced this cleanup can never get it published with
+        objects missing, and a rerun of the interval is told to use a backfill instead of
+        replaying partitions the journal remembers as COMPLETE.
+        """
+        stamp = datetime.fromtimestamp(self._clock(), UTC).isoformat()
+        record = canonical_json({"generation": layout.generation, "retired_at": stamp})
+        self._store.put_if_absent(layout.retired_key, record)  # an earlier retirement stays
+        # the manifest and records last, so a half-done delete still reads as junk
+        for obj in sorted(members, key=lambda o: o.key.endswith(".json")):
+            self._store.delete(obj.key)
+        return len(members)
+
+
+def _recovery_block(unresolved: Sequence[str] | None, target_prefix: str) -> str | None:
+    """Why nothing of the interval may be deleted now, or None when nothing blocks."""
+    if unresolved is None:
+        return (
+            "the journal holds too many unresolved operations to tell whether this interval "
+            "is being recovered: never clean up during a recovery"
+        )
+    recovering = [t for t in unresolved if t.startswith(target_prefix)]
+    if not recovering:
+        return None
+    return (
+        f"{len(recovering)} unresolved operation(s) on this interval: "
+        "never clean up during a recovery"
+    )
 
 
 def _timestamp(iso: str) -> float:
