@@ -228,6 +228,6 @@ def test_a_missing_connection_fails_at_once_naming_it(tmp_path: Path, field: str
     assert stop is not None
     assert "DPONE_CONFIG_INVALID" in stop.message
     assert "'no_such_conn'" in stop.message
-    assert "airflow connections add no_such_conn" in stop.message
+    assert "airflow connections add no_such_conn --conn-uri URI" in stop.message
     assert "AIRFLOW_CONN_NO_SUCH_CONN" in stop.message
     assert "remaining retries are not used" in stop.message

@@ -127,8 +127,8 @@ def _resolve(lookup: Callable[[str], ConnectionLike | None], conn_id: str, field
             field=field,
             hint=(
                 f"create the connection {conn_id!r} where the worker can read it (Admin > "
-                f"Connections, `airflow connections add {conn_id} ...`, a secrets backend or "
-                f"the {env_name} variable), or correct {field}; then clear the task"
+                f"Connections, `airflow connections add {conn_id} --conn-uri URI`, a secrets "
+                f"backend or the {env_name} variable), or correct {field}; then clear the task"
             ),
         )
     return connection_url(conn)
