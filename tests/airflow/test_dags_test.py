@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from dpone.cli.main import app
 from tests.airflow.conftest import Airflow, both
 from tests.airflow.scenarios import (
     CANARY,
     ROWS,
     journal_entries,
     journal_text,
+    ledger_runs,
     table_rows,
     task_states,
     workload,
@@ -146,23 +145,6 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
     }
 
 
-def _ledger(journal: Path) -> dict[str, Any]:
-    """``operation_id -> dpone runs show --json`` for every run of the journal.
-
-    The CLI runs in this process (the same dpone as the Airflow environments, editable):
-    a process per command would cost seconds on a loaded machine.
-    """
-    cli, where = CliRunner(), ["--journal", f"sqlite:///{journal}", "--json"]
-    listed = cli.invoke(app, ["runs", "list", *where])
-    assert listed.exit_code == 0, listed.output
-    shown = {}
-    for run in json.loads(listed.stdout):
-        one = cli.invoke(app, ["runs", "show", run["run_id"], *where])
-        assert one.exit_code == 0, one.output
-        shown[run["operation_id"]] = json.loads(one.stdout)
-    return shown
-
-
 def test_retries_reconcile_replay_and_stop(airflows: dict[str, Airflow], tmp_path: Path) -> None:
     results = both(airflows, lambda af: _scenario(af, tmp_path))
     for label, run in results.items():
@@ -214,7 +196,7 @@ def _check(label: str, run: dict[str, object]) -> None:
     assert "AIRFLOW_CONN_DPONE_NO_SUCH_CONNECTION" in log
     assert "orders_d" not in entries
     # the run ledger records every try's Airflow provenance (try number: provenance only)
-    ledger = _ledger(Path(str(run["journal"])))
+    ledger = ledger_runs(Path(str(run["journal"])))
     _check_ledger(
         ledger,
         lost=lost["operation_id"],
