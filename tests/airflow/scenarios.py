@@ -7,6 +7,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from typer.testing import CliRunner
+
+from dpone.cli.main import app
+
 ROWS = 100
 REGIONS = ("eu", "us", "apac")
 REGION_ROWS = 20
@@ -111,3 +115,20 @@ def journal_text(path: Path) -> str:
 def table_rows(db_path: Path, sql: str) -> list[tuple[Any, ...]]:
     with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
         return db.execute(sql).fetchall()
+
+
+def ledger_runs(journal: Path) -> dict[str, Any]:
+    """``operation_id -> dpone runs show --json`` for every run of the journal.
+
+    The CLI runs in this process (the same dpone as the Airflow environments, editable):
+    a process per command would cost seconds on a loaded machine.
+    """
+    cli, where = CliRunner(), ["--journal", f"sqlite:///{journal}", "--json"]
+    listed = cli.invoke(app, ["runs", "list", *where])
+    assert listed.exit_code == 0, listed.output
+    shown = {}
+    for run in json.loads(listed.stdout):
+        one = cli.invoke(app, ["runs", "show", run["run_id"], *where])
+        assert one.exit_code == 0, one.output
+        shown[run["operation_id"]] = json.loads(one.stdout)
+    return shown

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from tests.airflow.scenarios import (
     ROWS,
     journal_entries,
     journal_text,
+    ledger_runs,
     table_rows,
     task_states,
     workload,
@@ -87,6 +89,12 @@ with DAG(
         interval="{interval}",
         failpoints="after:fence.mutate=raise",
     )
+    DponeRunOperator(
+        task_id="missing_connection",
+        workload="{wl_d}",
+        interval="{interval}",
+        target_conn_id="dpone_no_such_connection",
+    )
 '''
 
 
@@ -110,10 +118,16 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
         wl, "orders_c", source=str(source), journal=journal,
         target=f"{{kind: jsonl_append, path: {out / 'orders.jsonl'}}}",
     )  # fmt: skip
+    wl_d = workload(
+        wl, "orders_d", source=str(source), journal=journal,
+        target="{kind: sqlite, url_env: SET_BY_THE_CONNECTION, table: orders_d}",
+    )  # fmt: skip
     dags = work / "dags"
     dags.mkdir()
     (dags / "scenarios.py").write_text(
-        DAG_FILE.format(dag_id=DAG_ID, wl_a=wl_a, wl_b=wl_b, wl_c=wl_c, interval=INTERVAL)
+        DAG_FILE.format(
+            dag_id=DAG_ID, wl_a=wl_a, wl_b=wl_b, wl_c=wl_c, wl_d=wl_d, interval=INTERVAL
+        )
     )
     home = airflow.home(work)
     connection = {"conn_type": "sqlite", "host": str(warehouse), "password": CANARY}
@@ -176,3 +190,55 @@ def _check(label: str, run: dict[str, object]) -> None:
     assert CANARY not in log
     assert CANARY not in json.dumps(list(values.values()))
     assert CANARY not in journal_text(Path(str(run["journal"])))
+    # a connection id Airflow does not define: failed on try 1 of 4, named, nothing journaled
+    assert states[("missing_connection", -1)] == ("failed", 1), where
+    assert "the Airflow connection 'dpone_no_such_connection' (target_conn_id) is not" in log
+    assert "AIRFLOW_CONN_DPONE_NO_SUCH_CONNECTION" in log
+    assert "orders_d" not in entries
+    # the run ledger records every try's Airflow provenance (try number: provenance only)
+    ledger = ledger_runs(Path(str(run["journal"])))
+    _check_ledger(
+        ledger,
+        lost=lost["operation_id"],
+        replayed=replayed["operation_id"],
+        unknown=unknown["operation_id"],
+    )
+
+
+def _tries(shown: dict[str, Any]) -> list[tuple[int, str, int]]:
+    """``(attempt, state, try_number)`` of every attempt of one run, checking provenance."""
+    out = []
+    for attempt in shown["attempts"]:
+        prov = attempt["provenance"]
+        assert (prov["kind"], prov["dag_id"], prov["map_index"]) == ("airflow", DAG_ID, -1), prov
+        out.append((attempt["attempt"], attempt["state"], prov["try_number"]))
+    return out
+
+
+def _check_ledger(ledger: dict[str, Any], *, lost: str, replayed: str, unknown: str) -> None:
+    """The ledger of the three journaled tasks, given their operation ids."""
+    dump = json.dumps(ledger, indent=1)[-6000:]
+    runs = {op: shown["run"] for op, shown in ledger.items()}
+    assert set(runs) == {lost, replayed, unknown}, dump
+    for op, task in (
+        (lost, "lost_after_commit"),
+        (replayed, "xcom_lost"),
+        (unknown, "commit_unknown"),
+    ):
+        prov = runs[op]["provenance"]
+        assert (prov["kind"], prov["dag_id"], prov["task_id"]) == ("airflow", DAG_ID, task), dump
+    # lost after the target commit: try 1 is attempt 1, try 2 (which reconciled) attempt 2
+    assert runs[lost]["state"] == "COMPLETE", dump
+    tries = _tries(ledger[lost])
+    assert [(a, n) for a, _, n in tries] == [(1, 1), (2, 2)], dump
+    assert tries[-1][1] == "COMPLETE", dump
+    # XCom lost: try 1 completed the operation as attempt 1 (and then raised); try 2
+    # replayed the recorded result, took no attempt, and the run reads COMPLETE
+    assert runs[replayed]["state"] == "COMPLETE", dump
+    assert [(a, n) for a, _, n in _tries(ledger[replayed])] == [(1, 1)], dump
+    # COMMIT_UNKNOWN: try 2 is the attempt that stopped; the run waits for an operator
+    assert runs[unknown]["state"] == "UNRESOLVED", dump
+    assert "dpone recovery target-commit plan" in str(runs[unknown]["warning"]), dump
+    tries = _tries(ledger[unknown])
+    assert [(a, n) for a, _, n in tries] == [(1, 1), (2, 2)], dump
+    assert tries[-1][1] == "UNRESOLVED", dump

@@ -204,3 +204,30 @@ def test_importing_the_package_imports_no_airflow_and_no_adapter() -> None:
     importlib.import_module("dpone.airflow.provider")
     new = set(sys.modules) - before
     assert not [m for m in new if m.startswith(("airflow", "dpone.adapters", "dpone.api"))]
+
+
+@pytest.mark.parametrize("field", ["target_conn_id", "journal_conn_id"])
+def test_a_missing_connection_fails_at_once_naming_it(tmp_path: Path, field: str) -> None:
+    spec = parse_workload(
+        {
+            "workload": "orders",
+            "release": "r",
+            "deployment": "d",
+            "source": {"kind": "csv", "path": "o.csv"},
+            "target": {"kind": "postgres", "url": "postgresql://x@h/db", "table": "t"},
+            "load": {"strategy": "append"},
+        },
+        base_dir=tmp_path,
+    )
+    ids = {"target_conn_id": None, "journal_conn_id": None, field: "no_such_conn"}
+    with pytest.raises(ConfigInvalid) as caught:
+        apply_connections(spec, **ids, lookup=lambda _conn_id: None, environ={})
+    assert caught.value.field == field
+    assert not caught.value.retryable  # retrying cannot create the connection
+    stop = failure(caught.value, workload="/w/orders.yaml")
+    assert stop is not None
+    assert "DPONE_CONFIG_INVALID" in stop.message
+    assert "'no_such_conn'" in stop.message
+    assert "airflow connections add no_such_conn --conn-uri URI" in stop.message
+    assert "AIRFLOW_CONN_NO_SUCH_CONN" in stop.message
+    assert "remaining retries are not used" in stop.message

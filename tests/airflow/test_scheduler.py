@@ -15,6 +15,7 @@ The same kill on the jsonl_append workload ends in COMMIT_UNKNOWN on try 2 of 4.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,7 @@ from tests.airflow.scenarios import (
     REGION_ROWS,
     REGIONS,
     journal_entries,
+    ledger_runs,
     metadata,
     table_rows,
     task_states,
@@ -262,3 +265,33 @@ def test_mapped_dag_survives_a_killed_worker(airflows: dict[str, Airflow], tmp_p
         command = f"dpone recovery target-commit plan --operation-id {killed['events']}"
         assert command in str(run["events_log"]), str(run["events_log"])[-3000:]
         assert len(Path(str(run["jsonl"])).read_text().splitlines()) == REGION_ROWS
+        _check_ledger(run, killed, dag_states=states)
+
+
+def _check_ledger(
+    run: dict[str, object], killed: dict[str, str], *, dag_states: dict[tuple[str, int], Any]
+) -> None:
+    """Every mapped try is in the run ledger with its map index and try number."""
+    home = Path(str(run["home"]))
+    ledger = ledger_runs(Path(str(run["journal"])))
+    dump = json.dumps(ledger, indent=1)[-6000:]
+    regions = {op: shown for op, shown in ledger.items() if op != killed["events"]}
+    assert len(regions) == len(REGIONS), dump
+    for op, shown in regions.items():
+        index = REGIONS.index(shown["operation"]["metadata"]["partition"])
+        provs = [shown["run"]["provenance"], *(a["provenance"] for a in shown["attempts"])]
+        for prov in provs:
+            assert (prov["kind"], prov["dag_id"], prov["task_id"]) == ("airflow", DAG_ID, "load")
+            assert prov["map_index"] == index, dump
+        tries = [a["provenance"]["try_number"] for a in shown["attempts"]]
+        # one attempt per try that took the lease, in try order; a later try can only
+        # replay (no attempt) if Airflow lost a finished try (an execution-API timeout)
+        assert tries == sorted(set(tries)), dump
+        assert 1 <= tries[-1] <= dag_states[("load", index)][1], dump
+        if op == killed["regions"]:
+            assert len(tries) >= 2, dump  # the killed try and the one that wrote
+            assert shown["attempts"][-1]["state"] == "COMPLETE", dump
+    events = ledger[killed["events"]]
+    assert events["run"]["state"] == "UNRESOLVED", dump
+    tries = [a["provenance"]["try_number"] for a in events["attempts"]]
+    assert tries[-1] == task_states(home, UNKNOWN_DAG_ID)[("load", -1)][1] == 2, dump

@@ -9,6 +9,7 @@ from __future__ import annotations
 from airflow.providers.common.compat.sdk import (
     DAG,
     AirflowFailException,
+    AirflowNotFoundException,
     BaseHook,
     BaseOperator,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "AIRFLOW_V_3_0_PLUS",
     "DAG",
     "AirflowFailException",
+    "AirflowNotFoundException",
     "BaseHook",
     "BaseOperator",
     "CronDataIntervalTimetable",

@@ -113,12 +113,33 @@ def connection_url(conn: ConnectionLike) -> str:
 _URL_TARGETS = (SqliteTargetConfig, PostgresTargetConfig, MariaDbTargetConfig, DuckDbTargetConfig)
 
 
+def _resolve(lookup: Callable[[str], ConnectionLike | None], conn_id: str, field: str) -> str:
+    """The URL of connection ``conn_id``, or a ConfigInvalid if Airflow does not define it.
+
+    A missing connection is a configuration error, not a transient one: retrying the task
+    cannot create it, so the operator fails the task at once and says what to do.
+    """
+    conn = lookup(conn_id)
+    if conn is None:
+        env_name = "AIRFLOW_CONN_" + conn_id.upper()
+        raise ConfigInvalid(
+            f"the Airflow connection {conn_id!r} ({field}) is not defined",
+            field=field,
+            hint=(
+                f"create the connection {conn_id!r} where the worker can read it (Admin > "
+                f"Connections, `airflow connections add {conn_id} --conn-uri URI`, a secrets "
+                f"backend or the {env_name} variable), or correct {field}; then clear the task"
+            ),
+        )
+    return connection_url(conn)
+
+
 def apply_connections(
     workload: Workload,
     *,
     target_conn_id: str | None,
     journal_conn_id: str | None,
-    lookup: Callable[[str], ConnectionLike],
+    lookup: Callable[[str], ConnectionLike | None],
     environ: Mapping[str, str],
 ) -> tuple[Workload, dict[str, str]]:
     """Point the workload's target and journal at Airflow connections, if named.
@@ -126,7 +147,8 @@ def apply_connections(
     Returns the workload to run and the environment mapping to run it with: a copy of
     ``environ`` plus the resolved URLs under :data:`TARGET_ENV` / :data:`JOURNAL_ENV`. The
     workload then reads them through ``url_env`` / ``journal_env``, the same path a CLI run
-    takes, so nothing else changes.
+    takes, so nothing else changes. ``lookup`` returns None for a connection Airflow does
+    not define, which raises :class:`~dpone.errors.ConfigInvalid` naming it.
     """
     env = dict(environ)
     changes: dict[str, Any] = {}
@@ -137,10 +159,10 @@ def apply_connections(
                 field="target_conn_id",
                 hint="leave target_conn_id out for file targets such as jsonl_append",
             )
-        env[TARGET_ENV] = connection_url(lookup(target_conn_id))
+        env[TARGET_ENV] = _resolve(lookup, target_conn_id, "target_conn_id")
         changes["target"] = workload.target.model_copy(update={"url": None, "url_env": TARGET_ENV})
     if journal_conn_id:
-        env[JOURNAL_ENV] = connection_url(lookup(journal_conn_id))
+        env[JOURNAL_ENV] = _resolve(lookup, journal_conn_id, "journal_conn_id")
         changes["journal"] = None
         changes["journal_env"] = JOURNAL_ENV
     if not changes:

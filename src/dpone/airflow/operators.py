@@ -8,9 +8,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from dpone.airflow.compat import AirflowFailException, BaseHook, BaseOperator
+from dpone.airflow.compat import (
+    AirflowFailException,
+    AirflowNotFoundException,
+    BaseHook,
+    BaseOperator,
+)
 
 if TYPE_CHECKING:
+    from dpone.airflow.connections import ConnectionLike
     from dpone.airflow.identity import TaskIdentity
 
 __all__ = ["DponeRunOperator"]
@@ -31,6 +37,19 @@ def _interval_from(context: Any) -> str:
             hint="give the operator interval='START/END', or schedule the DAG",
         )
     return f"{start.isoformat()}/{end.isoformat()}"
+
+
+def _connection(conn_id: str) -> ConnectionLike | None:
+    """Airflow's connection ``conn_id`` (worker side), or None if Airflow does not define it.
+
+    Any other lookup error (a secrets backend or the execution API unreachable) propagates
+    unchanged: it may be transient, so Airflow's retries apply.
+    """
+    try:
+        conn: ConnectionLike = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+    return conn
 
 
 def _map_index(ti: Any) -> int:
@@ -129,7 +148,7 @@ class DponeRunOperator(BaseOperator):  # type: ignore[misc]  # untyped without A
             load_workload(self.workload),
             target_conn_id=self.target_conn_id,
             journal_conn_id=self.journal_conn_id,
-            lookup=BaseHook.get_connection,
+            lookup=_connection,
             environ=os.environ,
         )
         interval = self.interval or _interval_from(context)
