@@ -141,3 +141,76 @@ def test_journal_briefly_down_the_run_still_completes(
         assert [a.state for a in ledger.attempts(run.run_id)] == [AttemptState.COMPLETE]
     finally:
         ledger.close()
+
+
+def test_source_database_briefly_down_the_run_still_completes(
+    tmp_path: Path, private_pg: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The PostgreSQL *source* is down when the read starts: DPONE_SOURCE_UNAVAILABLE is retried."""
+    import psycopg
+
+    with psycopg.connect(private_pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE events (id int PRIMARY KEY, updated_at timestamptz NOT NULL)")
+        conn.execute(
+            "INSERT INTO events SELECT g, timestamptz '2026-11-01 00:00+00' + g * interval '1 min'"
+            f" FROM generate_series(1, {ROWS}) g"
+        )
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "workload": "events",
+                "release": "2026.11.0",
+                "deployment": "retry",
+                "journal": "sqlite:///journal.db",
+                # declared columns: the operation is defined without reading the source
+                "source": {
+                    "kind": "postgres_table",
+                    "url": private_pg.dsn,
+                    "table": "events",
+                    "columns": {"id": "integer", "updated_at": "timestamp"},
+                },
+                "target": {"kind": "sqlite", "url": "sqlite:///warehouse.db", "table": "events"},
+                "load": {"strategy": "append", "key": ["id"]},
+                "retry": {
+                    "attempts": 30,
+                    "budget_seconds": 45,
+                    "wait_initial_seconds": 0.2,
+                    "wait_max_seconds": 1.0,
+                    "wait_jitter_seconds": 0.2,
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
+    private_pg.stop(mode="immediate")
+    back = threading.Timer(1.5, private_pg.start)
+    back.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="dpone"), Runner(path) as runner:
+            result = runner.run(interval=INTERVAL)
+    finally:
+        back.join(30)
+    assert (result.state, result.rows_written) == (CommitState.COMPLETE, ROWS)
+    with closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+        assert db.execute("SELECT count(*), count(DISTINCT id) FROM events").fetchone() == (
+            ROWS,
+            ROWS,
+        )
+    lines = _retry_lines(caplog)
+    assert lines, "the run should have waited for the source"
+    assert {line["cause"] for line in lines} == {"DPONE_SOURCE_UNAVAILABLE"}
+    assert all(line["delay_s"] > 0 for line in lines)
+    ledger = ledger_of(open_journal("sqlite:///journal.db", base_dir=tmp_path))
+    try:
+        [run] = ledger.list_runs()
+        attempts = ledger.attempts(run.run_id)
+    finally:
+        ledger.close()
+    assert run.state is RunState.COMPLETE
+    # every failed attempt failed on the source, before anything was written
+    assert {(a.state, a.error_code) for a in attempts[:-1]} == {
+        (AttemptState.FAILED, "DPONE_SOURCE_UNAVAILABLE")
+    }
+    assert attempts[-1].state is AttemptState.COMPLETE
+    assert len(attempts) == len(lines) + 1
