@@ -6,6 +6,7 @@ target's rows after every call, so a second mutation could not hide.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import sqlite3
@@ -312,6 +313,7 @@ def test_cli_runs_list_and_show_warn_about_an_unresolved_run(tmp_path: Path) -> 
     )
     assert (entry["idempotency_key"], entry["unresolved"]) == ("nightly", True)
     assert entry["provenance"]["kind"] == "cli"
+    assert entry["provenance"]["user"] == getpass.getuser()  # the CLI user who ran it
     assert entry["provenance"]["command"].startswith("dpone run w.yaml")
     assert entry["access"]["connections"].startswith("journal=sqlite:")
     shown = run_dpone(("runs", "show", entry["run_id"], "-w", "w.yaml", "--json"), cwd=tmp_path)
