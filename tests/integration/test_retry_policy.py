@@ -252,3 +252,36 @@ def test_source_database_briefly_down_the_run_still_completes(
         assert [a.state for a in ledger.attempts(run2.run_id)] == [AttemptState.COMPLETE]
     finally:
         ledger.close()
+
+
+def test_target_database_briefly_down_the_run_still_completes(
+    tmp_path: Path, private_pg: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The PostgreSQL *target* (the fence) is down when the run starts: retried, one write."""
+    import psycopg
+
+    path = _workload(
+        tmp_path,
+        "sqlite:///journal.db",
+        {
+            "attempts": 30,
+            "budget_seconds": 45,
+            "wait_initial_seconds": 0.2,
+            "wait_max_seconds": 1.0,
+            "wait_jitter_seconds": 0.2,
+        },
+    )
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["target"] = {"kind": "postgres", "url": private_pg.dsn, "table": "orders"}
+    path.write_text(json.dumps(config), encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="dpone"), Runner(path) as runner:
+        result = _outage(private_pg, lambda: runner.run(interval=INTERVAL))
+    assert (result.state, result.rows_written) == (CommitState.COMPLETE, ROWS)
+    with psycopg.connect(private_pg.dsn) as conn:
+        assert conn.execute("SELECT count(*), count(DISTINCT order_id) FROM orders").fetchone() == (
+            ROWS,
+            ROWS,
+        )
+    lines = _retry_lines(caplog)
+    assert lines, "the run should have waited for the target"
+    assert {line["cause"] for line in lines} == {"DPONE_TARGET_COMMIT_FENCE_UNAVAILABLE"}
