@@ -23,8 +23,10 @@ from dpone.contracts.identity import Interval, parse_interval
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.result import OperationResult
 from dpone.contracts.run import Provenance
-from dpone.runtime.commit_protocol import CommitProtocol
+from dpone.ports.source import SourcePort
+from dpone.runtime.commit_protocol import CommitProtocol, OperationSpec
 from dpone.runtime.executor import new_owner
+from dpone.runtime.retry import call_with_retries
 from dpone.runtime.run import RunService
 
 __all__ = ["RunContext", "Runner", "run_operation"]
@@ -82,18 +84,11 @@ class Runner:
             DponeError: a typed error from :mod:`dpone.errors`; its ``code`` and
                 ``retryability`` say what to do next.
         """
-        if interval is None:
-            window = next_interval(self.workload, self._route, partition=partition)
-        else:
-            window = parse_interval(interval) if isinstance(interval, str) else interval
-        source = open_source(self.workload, window, partition)
-        spec = plan_operation(
-            self.workload,
-            self._route,
-            source,
-            interval=window,
-            partition=partition,
-            context=context,
+        policy = retry_policy(self.workload)
+        # planning reads the journal (the next interval) and may read the source's catalog
+        # (its columns): a transient failure there is retried under the same policy
+        source, spec = call_with_retries(
+            lambda: self._plan(interval, partition=partition, context=context), policy=policy
         )
         request = run_request(
             self.workload,
@@ -117,12 +112,31 @@ class Runner:
                 on_attempt=on_attempt,
             )
 
-        service = RunService(
-            ledger=ledger_of(self._route.journal),
-            retry=retry_policy(self.workload),
-            owner=owner,
-        )
+        service = RunService(ledger=ledger_of(self._route.journal), retry=policy, owner=owner)
         return service.run(request, spec, protocol)
+
+    def _plan(
+        self,
+        interval: Interval | str | None,
+        *,
+        partition: str | None,
+        context: RunContext | None,
+    ) -> tuple[SourcePort, OperationSpec]:
+        """Choose the interval, open the source and plan the operation (no write)."""
+        if interval is None:
+            window = next_interval(self.workload, self._route, partition=partition)
+        else:
+            window = parse_interval(interval) if isinstance(interval, str) else interval
+        source = open_source(self.workload, window, partition)
+        spec = plan_operation(
+            self.workload,
+            self._route,
+            source,
+            interval=window,
+            partition=partition,
+            context=context,
+        )
+        return source, spec
 
     def close(self) -> None:
         """Close the journal and target connections. Idempotent."""

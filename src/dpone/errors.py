@@ -5,6 +5,7 @@
     DponeError
     +-- ConfigInvalid                DPONE_CONFIG_INVALID                 TERMINAL
     +-- SourceInvalid                DPONE_SOURCE_INVALID                 TERMINAL
+    +-- SourceUnavailable            DPONE_SOURCE_UNAVAILABLE             TRANSIENT
     +-- TargetSchemaMismatch         DPONE_TARGET_SCHEMA_MISMATCH         TERMINAL
     +-- TargetWriteFailed            DPONE_TARGET_WRITE_FAILED            TERMINAL
     +-- UnsafeValue                  DPONE_UNSAFE_VALUE                   TERMINAL
@@ -71,6 +72,7 @@ __all__ = [
     "Retryability",
     "RunKeyConflict",
     "SourceInvalid",
+    "SourceUnavailable",
     "TargetSchemaMismatch",
     "TargetWriteFailed",
     "Unauthorized",
@@ -84,6 +86,7 @@ class ErrorCode(str, enum.Enum):
 
     CONFIG_INVALID = "DPONE_CONFIG_INVALID"
     SOURCE_INVALID = "DPONE_SOURCE_INVALID"
+    SOURCE_UNAVAILABLE = "DPONE_SOURCE_UNAVAILABLE"
     TARGET_SCHEMA_MISMATCH = "DPONE_TARGET_SCHEMA_MISMATCH"
     TARGET_WRITE_FAILED = "DPONE_TARGET_WRITE_FAILED"
     UNSAFE_VALUE = "DPONE_UNSAFE_VALUE"
@@ -236,6 +239,17 @@ class SourceInvalid(DponeError):
 
     code = ErrorCode.SOURCE_INVALID
     retryability = Retryability.TERMINAL
+
+
+class SourceUnavailable(DponeError):
+    """The source database could not be reached or dropped the read (retry later).
+
+    Raised before anything is written: the operation ends FAILED_PRE_COMMIT and a new
+    attempt reads the same fixed cut again.
+    """
+
+    code = ErrorCode.SOURCE_UNAVAILABLE
+    retryability = Retryability.TRANSIENT
 
 
 class TargetSchemaMismatch(DponeError):

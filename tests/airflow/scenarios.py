@@ -104,10 +104,11 @@ def journal_entries(path: Path) -> list[dict[str, Any]]:
 
 
 def journal_text(path: Path) -> str:
-    """Every journal, transition and audit row as text (for secret scans)."""
+    """Every journal, transition, audit and run-ledger row as text (for secret scans)."""
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
         parts = []
-        for table in ("dpone_journal", "dpone_transitions", "dpone_audit"):
+        tables = ("dpone_journal", "dpone_transitions", "dpone_audit", "dpone_runs")
+        for table in (*tables, "dpone_run_attempts"):
             parts += [repr(row) for row in db.execute(f"SELECT * FROM {table}")]
     return "\n".join(parts)
 

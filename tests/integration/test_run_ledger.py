@@ -6,6 +6,7 @@ target's rows after every call, so a second mutation could not hide.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import sqlite3
@@ -312,6 +313,7 @@ def test_cli_runs_list_and_show_warn_about_an_unresolved_run(tmp_path: Path) -> 
     )
     assert (entry["idempotency_key"], entry["unresolved"]) == ("nightly", True)
     assert entry["provenance"]["kind"] == "cli"
+    assert entry["provenance"]["user"] == getpass.getuser()  # the CLI user who ran it
     assert entry["provenance"]["command"].startswith("dpone run w.yaml")
     assert entry["access"]["connections"].startswith("journal=sqlite:")
     shown = run_dpone(("runs", "show", entry["run_id"], "-w", "w.yaml", "--json"), cwd=tmp_path)
@@ -324,3 +326,50 @@ def test_cli_runs_list_and_show_warn_about_an_unresolved_run(tmp_path: Path) -> 
     bad = run_dpone(("runs", "list", "-w", "w.yaml", "--state", "nope"), cwd=tmp_path)
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
+
+
+def test_each_airflow_try_is_an_attempt_of_one_run_with_its_provenance(target: Target) -> None:
+    """Airflow tries 1 (transient failure) and 2: one run, two attempts, each try recorded.
+
+    Drives :class:`dpone.api.Runner` exactly as ``DponeRunOperator`` does (the task's run
+    context and its ledger provenance), without an Airflow installation; the real-Airflow
+    scenarios are in ``tests/airflow``.
+    """
+    from dpone.airflow.identity import TaskIdentity
+
+    task = TaskIdentity(dag_id="orders_daily", run_id="scheduled__2026-11-01", task_id="load")
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_FAILPOINTS"}
+
+    def airflow_try(number: int, failpoints: str | None = None) -> Any:
+        environ = {**env, "DPONE_FAILPOINTS": failpoints} if failpoints else env
+        with Runner(target.write(), environ=environ) as runner:
+            return runner.run(
+                interval=INTERVAL,
+                context=task.run_context(),
+                provenance=task.ledger_provenance(try_number=number),
+            )
+
+    with pytest.raises(InjectedFault):
+        airflow_try(1, failpoints="fence.mutate.before_commit=raise")
+    assert target.count() == 0
+    done = airflow_try(2)
+    assert done.rows_written == ROWS
+    assert target.count() == ROWS
+    again = airflow_try(3)  # e.g. the task cleared after success: the recorded result
+    assert (again.replayed, again.run_id) == (True, done.run_id)
+    assert target.count() == ROWS
+    run, attempts = _run_and_attempts(target, done.run_id)
+    assert run.state is RunState.COMPLETE
+    assert run.idempotency_key == f"op:{done.operation_id}"  # derived from the operation id
+    assert (run.provenance["kind"], run.provenance["dag_id"], run.provenance["task_id"]) == (
+        "airflow",
+        "orders_daily",
+        "load",
+    )
+    assert run.access_digest.startswith("sha256:")
+    # attempt numbers are lease epochs (the one that settled try 1's write is skipped)
+    assert [(a.state, a.provenance["try_number"], a.provenance["run_id"]) for a in attempts] == [
+        (AttemptState.FAILED, 1, "scheduled__2026-11-01"),
+        (AttemptState.COMPLETE, 2, "scheduled__2026-11-01"),
+    ]
+    assert (attempts[0].attempt, attempts[-1].attempt) == (1, done.attempt)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from dpone.adapters.journal.sqlite import SqliteCommitJournal
+from dpone.adapters.sources.sql import SqlTableSource
 from dpone.api import Runner
 from dpone.config.workload import Workload, parse_workload
+from dpone.contracts.identity import parse_interval
 from dpone.contracts.states import CommitState
-from dpone.errors import InjectedFault, IntentConflict, SourceInvalid
+from dpone.errors import InjectedFault, IntentConflict, SourceInvalid, SourceUnavailable
 from dpone.runtime import failpoints
 
 DAY1 = "2026-11-01/2026-11-02"
@@ -220,7 +223,69 @@ def test_source_credentials_never_reach_the_journal_or_errors(
     journal_bytes = b"".join(p.read_bytes() for p in tmp_path.glob("journal.db*"))
     assert canary.encode() not in journal_bytes
     unreachable = {**source, "url": f"postgresql://u:{canary}@127.0.0.1:1/nope"}
-    with Runner(_workload(tmp_path, unreachable)) as runner, pytest.raises(SourceInvalid) as caught:
+    with (
+        Runner(_workload(tmp_path, unreachable)) as runner,
+        pytest.raises(SourceUnavailable) as caught,
+    ):
         runner.run(interval=DAY1)
     assert canary not in str(caught.value)
     assert canary not in repr(caught.value.attrs())
+
+
+# ------------------------------------------------- unreachable vs invalid sources
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _read(kind: str, url: str) -> None:
+    source = SqlTableSource(
+        kind, url=url, table="events", cursor_column="updated_at", interval=parse_interval(DAY1)
+    )
+    list(source.batches(batch_size=10, expected_identity=source.snapshot_identity()))
+
+
+def test_an_unreachable_source_server_is_transient_a_wrong_database_is_not(
+    pg_available: str, mariadb_available: str
+) -> None:
+    """Refused connection: DPONE_SOURCE_UNAVAILABLE (retried); unknown database: INVALID."""
+    port = _closed_port()
+    pg = urlsplit(pg_available)
+    maria = urlsplit(mariadb_available)
+    with pytest.raises(SourceUnavailable) as down:
+        _read("postgres_table", f"postgresql://postgres@127.0.0.1:{port}/test")
+    assert down.value.retryable
+    with pytest.raises(SourceUnavailable):
+        _read("mariadb_table", f"mysql://root@127.0.0.1:{port}/test")
+    with pytest.raises(SourceInvalid) as wrong:
+        _read("postgres_table", pg._replace(path="/dpone_no_such_db").geturl())
+    assert not wrong.value.retryable
+    with pytest.raises(SourceInvalid):
+        _read("mariadb_table", maria._replace(path="/dpone_no_such_db").geturl())
+
+
+def test_a_locked_sqlite_source_is_transient_a_missing_table_is_not(tmp_path: Path) -> None:
+    """Real SQLite errors: SQLITE_BUSY is DPONE_SOURCE_UNAVAILABLE, no such table is INVALID."""
+    from dpone.adapters.sources.sql import _failed, _sqlite_transient
+
+    db = tmp_path / "src.db"
+    with closing(sqlite3.connect(db, isolation_level=None)) as holder:
+        holder.execute("CREATE TABLE other (id int)")
+        holder.execute("BEGIN EXCLUSIVE")  # rollback-journal mode: readers are locked out
+        with closing(sqlite3.connect(db, timeout=0)) as reader:
+            with pytest.raises(sqlite3.OperationalError) as busy:
+                reader.execute("SELECT * FROM other").fetchall()
+            with pytest.raises(sqlite3.OperationalError) as missing:
+                sqlite3.connect(":memory:").execute("SELECT * FROM events")
+        holder.execute("ROLLBACK")
+    assert isinstance(
+        _failed("sqlite_table", "sqlite:x", busy.value, _sqlite_transient(busy.value)),
+        SourceUnavailable,
+    )
+    assert not _sqlite_transient(missing.value)
+    with pytest.raises(SourceInvalid):
+        _read("sqlite_table", str(db))  # the table does not exist

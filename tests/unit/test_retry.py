@@ -27,6 +27,7 @@ from dpone.errors import (
     RecoveryConflict,
     RunKeyConflict,
     SourceInvalid,
+    SourceUnavailable,
     TargetWriteFailed,
     Unauthorized,
 )
@@ -172,6 +173,7 @@ def test_never_retried_families_are_tried_once(error: Exception) -> None:
         LeaseLost("stale"),
         CommittedIncomplete("finish me"),
         InjectedFault("test"),
+        SourceUnavailable("source server down"),
     ],
     ids=lambda e: type(e).__name__,
 )

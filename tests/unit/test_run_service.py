@@ -15,6 +15,7 @@ from dpone.contracts.run import (
     ApiProvenance,
     AttemptState,
     CliProvenance,
+    RunStart,
     RunState,
     check_idempotency_key,
     run_id_for,
@@ -150,3 +151,39 @@ def test_provenance_and_keys_refuse_secrets() -> None:
             check_idempotency_key(bad)
     assert check_idempotency_key("nightly-2026-11-01") == "nightly-2026-11-01"
     assert run_id_for("k") == run_id_for("k") != run_id_for("k2")
+
+
+def test_a_failure_before_any_lease_never_ends_another_executors_attempt() -> None:
+    """B's attempt is in flight; A's replay fails before a lease: B's attempt stays B's."""
+    journal, target = InMemoryCommitJournal(), InMemoryConnector()
+    service = RunService(ledger=journal, owner="host:2:2")
+    key = f"op:{OP}"
+    run_b, _ = journal.begin_run(
+        RunStart(
+            run_id=run_id_for(key),
+            idempotency_key=key,
+            operation_id=OP,
+            request_hash=REQUEST.request_hash,
+            definition_hash=REQUEST.definition_hash,
+            access_digest=REQUEST.access.digest(),
+            access=REQUEST.access.record(),
+            provenance=REQUEST.provenance,
+        )
+    )
+    journal.begin_attempt(run_id=run_b.run_id, attempt=1, owner="host:1:1", provenance=None)
+
+    class Unreachable:
+        def run(self, _spec: object) -> None:
+            raise JournalUnavailable("A's own connection dropped before any lease")
+
+    with pytest.raises(JournalUnavailable):
+        service.run(REQUEST, spec(), lambda _on_attempt: Unreachable())  # type: ignore[arg-type,return-value]
+    run = journal.get_run(run_b.run_id)
+    assert run is not None
+    assert (run.state, run.current_attempt, run.error) == (RunState.RUNNING, 1, None)
+    [attempt] = journal.attempts(run_b.run_id)
+    assert (attempt.owner, attempt.state) == ("host:1:1", AttemptState.RUNNING)
+    # B finishes its attempt and records it as its own
+    journal.end_attempt(run_id=run_b.run_id, attempt=1, state=RunState.COMPLETE, error=None)
+    assert [a.state for a in journal.attempts(run_b.run_id)] == [AttemptState.COMPLETE]
+    assert target.rows() == []

@@ -76,6 +76,13 @@ def test_error_codes_are_stable_and_unique() -> None:
     assert errors.JournalUnavailable("x").retryable
     assert not errors.CommitUnknown("x").retryable
     assert not errors.ConfigInvalid("x").retryable
+    # a source that cannot be reached is transient (retried, CLI exit 75); a bad one is not
+    from dpone.cli.main import EXIT_FAILED, EXIT_RETRYABLE, exit_code_for
+
+    assert errors.SourceUnavailable.code.value == "DPONE_SOURCE_UNAVAILABLE"
+    assert errors.SourceUnavailable("x").retryable
+    assert exit_code_for(errors.SourceUnavailable("x")) == EXIT_RETRYABLE == 75
+    assert exit_code_for(errors.SourceInvalid("x")) == EXIT_FAILED
 
 
 def test_errors_pickle_with_their_safe_fields() -> None:

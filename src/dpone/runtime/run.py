@@ -153,10 +153,24 @@ class RunService:
         return dataclasses.replace(result, run_id=run.run_id, attempt=attempt or None)
 
     def _end(self, run: RunRecord, mine: list[int], state: RunState, error: RunError | None) -> int:
-        """Record how this try ended; a ledger failure never replaces the primary outcome."""
+        """Record how this try ended; a ledger failure never replaces the primary outcome.
+
+        A try that took no lease of its own has no attempt to end. It still records what
+        the journal taught it (COMPLETE, UNRESOLVED) at the run's current attempt, but a
+        failure of its own (its journal connection dropped before any lease) says nothing
+        about another executor's attempt that may be in flight, so it is not written over
+        a RUNNING run's attempt: that attempt's owner, or the next replay, records it.
+        """
         attempt = mine[-1] if mine else run.current_attempt
         if not mine and run.state is state and run.error == error:
             return attempt  # a replay that learned nothing new: nothing to write
+        if (
+            not mine
+            and state is RunState.FAILED
+            and run.state is RunState.RUNNING
+            and run.current_attempt > 0
+        ):
+            return attempt  # not ours to end (see above)
         try:
             self._ledger.end_attempt(run_id=run.run_id, attempt=attempt, state=state, error=error)
         except DponeError as secondary:

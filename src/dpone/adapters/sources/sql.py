@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from dpone.adapters.sources._common import declared_columns
 from dpone.contracts.identity import Interval, digest_of
 from dpone.contracts.load import Column, ColumnType, is_identifier
-from dpone.errors import ConfigInvalid, SourceInvalid
+from dpone.errors import ConfigInvalid, SourceInvalid, SourceUnavailable
 
 __all__ = ["SQL_SOURCE_KINDS", "SqlTableSource", "portable", "portable_batch", "portable_columns"]
 
@@ -156,7 +156,7 @@ class _Postgres:
         try:
             conn = psycopg.connect(self._url, autocommit=False, connect_timeout=10)
         except psycopg.Error as exc:
-            raise _unreachable(self.kind, self._locator) from exc
+            raise _unreachable(self.kind, self._locator, _pg_transient(exc)) from exc
         try:
             # one snapshot for the whole read; UTC so `timestamp` columns compare as UTC
             conn.isolation_level = IsolationLevel.REPEATABLE_READ
@@ -164,7 +164,7 @@ class _Postgres:
             conn.execute("SELECT set_config('TimeZone', 'UTC', true)")
             yield conn
         except psycopg.Error as exc:
-            raise _failed(self.kind, self._locator, exc) from exc
+            raise _failed(self.kind, self._locator, exc, _pg_transient(exc)) from exc
         finally:
             conn.close()
 
@@ -227,7 +227,7 @@ class _MariaDb:
                 program_name="dpone-source",
             )
         except pymysql.Error as exc:
-            raise _unreachable(self.kind, self.locator()) from exc
+            raise _unreachable(self.kind, self.locator(), _mariadb_transient(exc)) from exc
         try:
             with conn.cursor() as cur:
                 cur.execute("SET SESSION time_zone = '+00:00'")
@@ -235,7 +235,7 @@ class _MariaDb:
                 cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             yield conn
         except pymysql.Error as exc:
-            raise _failed(self.kind, self.locator(), exc) from exc
+            raise _failed(self.kind, self.locator(), exc, _mariadb_transient(exc)) from exc
         finally:
             conn.close()
 
@@ -300,12 +300,12 @@ class _Sqlite:
                 f"{self._path.as_uri()}?mode=ro", uri=True, timeout=10, isolation_level=None
             )
         except sqlite3.Error as exc:
-            raise _unreachable(self.kind, self.locator()) from exc
+            raise _unreachable(self.kind, self.locator(), _sqlite_transient(exc)) from exc
         try:
             conn.execute("BEGIN")  # one read snapshot for the whole extraction
             yield conn
         except sqlite3.Error as exc:
-            raise _failed(self.kind, self.locator(), exc) from exc
+            raise _failed(self.kind, self.locator(), exc, _sqlite_transient(exc)) from exc
         finally:
             conn.close()
 
@@ -339,15 +339,91 @@ def _sqlite_type(declared: str) -> ColumnType:
     return ColumnType.TEXT
 
 
-def _unreachable(kind: str, locator: str) -> SourceInvalid:
+#: PostgreSQL SQLSTATE classes that say "try again": connection exception, transaction
+#: rollback (serialization, deadlock), insufficient resources, object not in
+#: prerequisite state (lock not available), operator intervention (shutdown, cancel),
+#: system error. A missing password or database (28, 3D) is not among them.
+_PG_TRANSIENT_CLASSES = frozenset({"08", "40", "53", "55", "57", "58"})
+
+#: MariaDB / MySQL error numbers that say "try again": too many connections, server
+#: shutdown, lock wait timeout, deadlock, connection killed, cannot connect, server gone
+#: away, connection lost, idle disconnect. Access denied (1044/1045) and an unknown
+#: database (1049) are not among them.
+_MARIADB_TRANSIENT_ERRNOS = frozenset(
+    {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+)
+
+#: SQLite primary result codes that say "try again": SQLITE_BUSY and SQLITE_LOCKED.
+_SQLITE_TRANSIENT_CODES = frozenset({5, 6})
+
+
+#: libpq reports a refused connection without a SQLSTATE; these phrases of its message
+#: mean the server answered and said no for good (unknown database or role, failed
+#: authentication, no pg_hba entry). Any other connection failure (refused, timed out,
+#: starting up, shutting down, too many clients) is transient.
+_PG_REFUSALS = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "not permitted to log in",
+)
+
+
+def _pg_transient(exc: BaseException) -> bool:
+    """True for a dropped or refused connection and the SQLSTATE classes above."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is None:  # no server result: a connection failure (libpq's message only)
+        text = str(exc)
+        return not any(refusal in text for refusal in _PG_REFUSALS)
+    return sqlstate[:2] in _PG_TRANSIENT_CLASSES
+
+
+def _mariadb_transient(exc: BaseException) -> bool:
+    """True for the connection and lock error numbers above, and a closed connection."""
+    import pymysql
+
+    if isinstance(exc, pymysql.err.InterfaceError):
+        return True  # the connection was already closed under the read
+    if not isinstance(exc, pymysql.err.OperationalError):
+        return False
+    errno = exc.args[0] if exc.args else None
+    return errno in _MARIADB_TRANSIENT_ERRNOS
+
+
+def _sqlite_transient(exc: BaseException) -> bool:
+    """True when another connection holds the database (SQLITE_BUSY / SQLITE_LOCKED)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and (code & 0xFF) in _SQLITE_TRANSIENT_CODES
+
+
+def _unreachable(kind: str, locator: str, transient: bool) -> SourceInvalid | SourceUnavailable:
+    if transient:
+        return SourceUnavailable(
+            f"the {kind} source {locator} could not be reached; nothing was loaded",
+            hint="retryable: the workload's retry policy or the scheduler runs it again; "
+            "check that the server runs and accepts connections",
+        )
     return SourceInvalid(
         f"the {kind} source {locator} could not be opened",
         hint="check the source URL, that the server runs, and the user's permissions",
     )
 
 
-def _failed(kind: str, locator: str, exc: BaseException) -> SourceInvalid:
+def _failed(
+    kind: str, locator: str, exc: BaseException, transient: bool
+) -> SourceInvalid | SourceUnavailable:
     # driver messages may quote values; only the exception class is echoed
+    if transient:
+        return SourceUnavailable(
+            f"reading the {kind} source {locator} was interrupted ({type(exc).__name__}); "
+            "nothing was loaded",
+            hint="retryable: a new attempt reads the same fixed cut again",
+        )
     return SourceInvalid(
         f"reading the {kind} source {locator} failed ({type(exc).__name__}); nothing was loaded",
         hint="check that the table and the cursor column exist and are readable",
@@ -466,7 +542,9 @@ class SqlTableSource:
 
         Raises:
             SourceInvalid: the definition no longer matches ``expected_identity``, or
-                the database cannot be read.
+                the database cannot be read as declared.
+            SourceUnavailable: the database could not be reached or dropped the read
+                (transient: the retry policy tries again).
         """
         if batch_size < 1:
             raise ConfigInvalid("batch_size must be at least 1", field="load.batch_size")
