@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,11 +202,73 @@ def _wait_state(route: Route, state: CommitState, timeout: float = 30) -> None:
     raise AssertionError(f"the operation never reached {state.value}")
 
 
+def _poll(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll ``check`` until it holds; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _fence_holders(dsn: str, schema: str) -> set[int]:
+    """Backends paused inside the data transaction, holding the fence row lock.
+
+    Such a backend is ``idle in transaction`` (its client runs no statement: here it sleeps
+    in ``fence.mutate.before_commit``), holds a lock on the fence table, and its last
+    statement marked the fence row committed (the transaction locked that row before).
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT a.pid FROM pg_stat_activity AS a "
+            "JOIN pg_locks AS l ON l.pid = a.pid AND l.granted "
+            "WHERE a.datname = current_database() AND a.state = 'idle in transaction' "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.relation = to_regclass(%s) AND a.query ILIKE %s",
+            (f'"{schema}".dpone_fence', f'UPDATE "{schema}"."dpone_fence" SET state = %'),
+        ).fetchall()
+    return {int(row[0]) for row in rows}
+
+
+def _waits_on_lock(dsn: str, schema: str) -> bool:
+    """Some session is blocked on a heavyweight lock by a statement on this schema."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND wait_event_type = 'Lock' AND position(%s IN query) > 0",
+            (schema,),
+        ).fetchone()
+    return row is not None and row[0] > 0
+
+
+def _lease_expired(route: Route) -> bool:
+    """The journal's one entry has a lease that expired by the journal server's clock."""
+    with psycopg.connect(route.journal_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT bool_and(lease_expires_at <= clock_timestamp()) "
+            f'FROM "{route.schema}".dpone_journal'
+        ).fetchone()
+    return row is not None and row[0] is True
+
+
+def _alive(proc: subprocess.Popen[str], name: str) -> None:
+    if proc.poll() is not None:
+        _, err = proc.communicate()
+        raise AssertionError(f"{name} exited early with {proc.returncode}: {err}")
+
+
 @pytest.mark.parametrize("variant", ["b_waits", "b_times_out"])
 def test_zombie_writer_holding_the_fence_lock(
     pg_available: str, tmp_path: Path, variant: str
 ) -> None:
-    """A frozen mid-transaction (SIGSTOP), lease expires, B takes over; A resumes: one mutation."""
+    """A frozen mid-transaction (SIGSTOP), lease expires, B takes over; A resumes: one mutation.
+
+    Every step waits for what it needs to see, never for a fixed time, so a loaded machine
+    only slows the test down: A is seen idle inside its transaction holding the fence lock
+    before it is frozen (and again once frozen), the lease is seen expired by the journal
+    server's clock before B starts, and B is seen blocked on the lock (or has given up on it)
+    while A is still frozen.
+    """
     schema = f"z_{uuid.uuid4().hex[:10]}"
     route = Route(
         root=tmp_path,
@@ -217,16 +279,39 @@ def test_zombie_writer_holding_the_fence_lock(
     try:
         # B's lock bound: long enough to outwait A, or short enough to give up first
         route.workload(ttl=1, lock=30 if variant == "b_waits" else 1)
-        a = start_dpone(RUN, cwd=tmp_path, failpoints="fence.mutate.before_commit=sleep(1.5)")
-        _wait_state(route, CommitState.COMMITTING)
-        time.sleep(0.5)  # A is inside its data transaction, holding the fence row lock
+        # the pause only has to outlast the poll below; time.sleep keeps an absolute
+        # monotonic deadline, so once resumed A sleeps only what is left of it
+        a = start_dpone(RUN, cwd=tmp_path, failpoints="fence.mutate.before_commit=sleep(6)")
+        holders: set[int] = set()
+
+        def a_holds_the_lock() -> bool:
+            _alive(a, "A")
+            holders.update(_fence_holders(pg_available, schema))
+            return bool(holders)
+
+        _poll("A to hold the fence lock inside its transaction", a_holds_the_lock)
         os.kill(a.pid, signal.SIGSTOP)
-        time.sleep(1.5)  # A's lease (ttl 1 s) expires; its heartbeat is frozen too
+        # checked again once frozen: A did not slip past the lock before SIGSTOP
+        assert _fence_holders(pg_available, schema) == holders, "A froze too late"
+        # A's lease (ttl 1 s) expires; its heartbeat is frozen too
+        _poll("A's lease to expire", lambda: _lease_expired(route))
         b = start_dpone(RUN, cwd=tmp_path)
-        time.sleep(2.5)
-        b_code = b.poll()
         if variant == "b_waits":
-            assert b_code is None, "B must wait for the zombie's lock, not guess"
+
+            def b_blocked() -> bool:
+                _alive(b, "B")
+                return _waits_on_lock(pg_available, schema)
+
+            _poll("B to wait on the zombie's fence lock", b_blocked)
+            assert b.poll() is None, "B must wait for the zombie's lock, not guess"
+        else:
+            # B gives up on the lock while A still holds it, frozen
+            try:
+                b.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                b.kill()
+                raise
+            assert _fence_holders(pg_available, schema) == holders
         os.kill(a.pid, signal.SIGCONT)
         _, a_err = a.communicate(timeout=60)
         _, b_err = b.communicate(timeout=60)
