@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +21,14 @@ from dpone.runtime.failpoints import FAILPOINT_NAMES
 from dpone.testing.crash import (
     EXIT_COMMIT_UNKNOWN,
     check_history,
+    kill,
     run_dpone,
     run_until_done,
     start_dpone,
     write_orders_csv,
 )
 from dpone.testing.ledger_conformance import ledger_problems
+from dpone.testing.pg_probe import fence_holders, lock_waiters, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -202,43 +204,8 @@ def _wait_state(route: Route, state: CommitState, timeout: float = 30) -> None:
     raise AssertionError(f"the operation never reached {state.value}")
 
 
-def _poll(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    """Poll ``check`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def _fence_holders(dsn: str, schema: str) -> set[int]:
-    """Backends paused inside the data transaction, holding the fence row lock.
-
-    Such a backend is ``idle in transaction`` (its client runs no statement: here it sleeps
-    in ``fence.mutate.before_commit``), holds a lock on the fence table, and its last
-    statement marked the fence row committed (the transaction locked that row before).
-    """
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT DISTINCT a.pid FROM pg_stat_activity AS a "
-            "JOIN pg_locks AS l ON l.pid = a.pid AND l.granted "
-            "WHERE a.datname = current_database() AND a.state = 'idle in transaction' "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "AND l.relation = to_regclass(%s) AND a.query ILIKE %s",
-            (f'"{schema}".dpone_fence', f'UPDATE "{schema}"."dpone_fence" SET state = %'),
-        ).fetchall()
-    return {int(row[0]) for row in rows}
-
-
-def _waits_on_lock(dsn: str, schema: str) -> bool:
-    """Some session is blocked on a heavyweight lock by a statement on this schema."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-            "AND wait_event_type = 'Lock' AND position(%s IN query) > 0",
-            (schema,),
-        ).fetchone()
-    return row is not None and row[0] > 0
+# the statement A's data transaction runs last before fence.mutate.before_commit
+MARKED = "UPDATE %dpone_fence% SET state = 'committed'%"
 
 
 def _lease_expired(route: Route) -> bool:
@@ -276,42 +243,41 @@ def test_zombie_writer_holding_the_fence_lock(
         journal_dsn=with_db(pg_available, "postgres"),
         target_dsn=pg_available,
     )
+    started: list[subprocess.Popen[str]] = []
     try:
         # B's lock bound: long enough to outwait A, or short enough to give up first
         route.workload(ttl=1, lock=30 if variant == "b_waits" else 1)
         # the pause only has to outlast the poll below; time.sleep keeps an absolute
         # monotonic deadline, so once resumed A sleeps only what is left of it
         a = start_dpone(RUN, cwd=tmp_path, failpoints="fence.mutate.before_commit=sleep(6)")
+        started.append(a)
         holders: set[int] = set()
 
         def a_holds_the_lock() -> bool:
             _alive(a, "A")
-            holders.update(_fence_holders(pg_available, schema))
+            holders.update(fence_holders(pg_available, schema, last_statement=MARKED))
             return bool(holders)
 
-        _poll("A to hold the fence lock inside its transaction", a_holds_the_lock)
+        wait_until("A to pause in its data transaction, fence marked", a_holds_the_lock)
         os.kill(a.pid, signal.SIGSTOP)
-        # checked again once frozen: A did not slip past the lock before SIGSTOP
-        assert _fence_holders(pg_available, schema) == holders, "A froze too late"
+        # checked again once frozen: A did not slip past the commit before SIGSTOP
+        assert fence_holders(pg_available, schema) == holders, "A froze too late"
         # A's lease (ttl 1 s) expires; its heartbeat is frozen too
-        _poll("A's lease to expire", lambda: _lease_expired(route))
+        wait_until("A's lease to expire", lambda: _lease_expired(route))
         b = start_dpone(RUN, cwd=tmp_path)
+        started.append(b)
         if variant == "b_waits":
 
             def b_blocked() -> bool:
                 _alive(b, "B")
-                return _waits_on_lock(pg_available, schema)
+                return bool(lock_waiters(pg_available, schema))
 
-            _poll("B to wait on the zombie's fence lock", b_blocked)
+            wait_until("B to wait for the zombie's fence lock", b_blocked)
             assert b.poll() is None, "B must wait for the zombie's lock, not guess"
         else:
             # B gives up on the lock while A still holds it, frozen
-            try:
-                b.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                b.kill()
-                raise
-            assert _fence_holders(pg_available, schema) == holders
+            b.wait(timeout=60)
+            assert fence_holders(pg_available, schema) == holders
         os.kill(a.pid, signal.SIGCONT)
         _, a_err = a.communicate(timeout=60)
         _, b_err = b.communicate(timeout=60)
@@ -348,6 +314,9 @@ def test_zombie_writer_holding_the_fence_lock(
         assert attempts[1].attempt == 2
         assert attempts[-1].state is AttemptState.COMPLETE
     finally:
+        for proc in started:  # a failed step must not leave a frozen process behind
+            if proc.poll() is None:
+                kill(proc)
         _drop(pg_available, schema)
         _drop(with_db(pg_available, "postgres"), schema)
 
@@ -485,8 +454,15 @@ def test_journal_outage_after_the_target_commit(
     try:
         route.workload()
         run = start_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=sleep(2)")
-        _wait_state(route, CommitState.COMMITTING)
-        time.sleep(0.5)
+
+        def target_committed() -> bool:
+            assert run.poll() is None, "the run ended before the journal went down"
+            try:
+                return route.counts() == (ROWS, ROWS)
+            except psycopg.errors.UndefinedTable:
+                return False  # the data transaction has not committed the table yet
+
+        wait_until("the target transaction to commit", target_committed)
         private_pg.stop(mode="immediate")
         _, err = run.communicate(timeout=60)
         assert run.returncode in (6, 75), err
