@@ -674,14 +674,8 @@ def test_terminated_pooled_connection_is_replaced(
                 "WHERE application_name = %s",
                 (app,),
             ).fetchone()
-            wait_until("the terminated sessions to be gone", gone)  # it is asynchronous
+            time.sleep(0.2)  # termination is asynchronous
             return int(row[0]) if row else 0
-
-        def gone() -> bool:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
-            ).fetchone()
-            return row is not None and row[0] == 0
 
         assert kill() >= 1
         assert journal.get(entry.operation_id) == entry  # repeated on a new connection
