@@ -21,12 +21,14 @@ from dpone.runtime.failpoints import FAILPOINT_NAMES
 from dpone.testing.crash import (
     EXIT_COMMIT_UNKNOWN,
     check_history,
+    kill,
     run_dpone,
     run_until_done,
     start_dpone,
     write_orders_csv,
 )
 from dpone.testing.ledger_conformance import ledger_problems
+from dpone.testing.pg_probe import fence_holders, lock_waiters, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -202,11 +204,38 @@ def _wait_state(route: Route, state: CommitState, timeout: float = 30) -> None:
     raise AssertionError(f"the operation never reached {state.value}")
 
 
+# the statement A's data transaction runs last before fence.mutate.before_commit
+MARKED = "UPDATE %dpone_fence% SET state = 'committed'%"
+
+
+def _lease_expired(route: Route) -> bool:
+    """The journal's one entry has a lease that expired by the journal server's clock."""
+    with psycopg.connect(route.journal_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT bool_and(lease_expires_at <= clock_timestamp()) "
+            f'FROM "{route.schema}".dpone_journal'
+        ).fetchone()
+    return row is not None and row[0] is True
+
+
+def _alive(proc: subprocess.Popen[str], name: str) -> None:
+    if proc.poll() is not None:
+        _, err = proc.communicate()
+        raise AssertionError(f"{name} exited early with {proc.returncode}: {err}")
+
+
 @pytest.mark.parametrize("variant", ["b_waits", "b_times_out"])
 def test_zombie_writer_holding_the_fence_lock(
     pg_available: str, tmp_path: Path, variant: str
 ) -> None:
-    """A frozen mid-transaction (SIGSTOP), lease expires, B takes over; A resumes: one mutation."""
+    """A frozen mid-transaction (SIGSTOP), lease expires, B takes over; A resumes: one mutation.
+
+    Every step waits for what it needs to see, never for a fixed time, so a loaded machine
+    only slows the test down: A is seen idle inside its transaction holding the fence lock
+    before it is frozen (and again once frozen), the lease is seen expired by the journal
+    server's clock before B starts, and B is seen blocked on the lock (or has given up on it)
+    while A is still frozen.
+    """
     schema = f"z_{uuid.uuid4().hex[:10]}"
     route = Route(
         root=tmp_path,
@@ -214,19 +243,41 @@ def test_zombie_writer_holding_the_fence_lock(
         journal_dsn=with_db(pg_available, "postgres"),
         target_dsn=pg_available,
     )
+    started: list[subprocess.Popen[str]] = []
     try:
         # B's lock bound: long enough to outwait A, or short enough to give up first
         route.workload(ttl=1, lock=30 if variant == "b_waits" else 1)
-        a = start_dpone(RUN, cwd=tmp_path, failpoints="fence.mutate.before_commit=sleep(1.5)")
-        _wait_state(route, CommitState.COMMITTING)
-        time.sleep(0.5)  # A is inside its data transaction, holding the fence row lock
+        # the pause only has to outlast the poll below; time.sleep keeps an absolute
+        # monotonic deadline, so once resumed A sleeps only what is left of it
+        a = start_dpone(RUN, cwd=tmp_path, failpoints="fence.mutate.before_commit=sleep(6)")
+        started.append(a)
+        holders: set[int] = set()
+
+        def a_holds_the_lock() -> bool:
+            _alive(a, "A")
+            holders.update(fence_holders(pg_available, schema, last_statement=MARKED))
+            return bool(holders)
+
+        wait_until("A to pause in its data transaction, fence marked", a_holds_the_lock)
         os.kill(a.pid, signal.SIGSTOP)
-        time.sleep(1.5)  # A's lease (ttl 1 s) expires; its heartbeat is frozen too
+        # checked again once frozen: A did not slip past the commit before SIGSTOP
+        assert fence_holders(pg_available, schema) == holders, "A froze too late"
+        # A's lease (ttl 1 s) expires; its heartbeat is frozen too
+        wait_until("A's lease to expire", lambda: _lease_expired(route))
         b = start_dpone(RUN, cwd=tmp_path)
-        time.sleep(2.5)
-        b_code = b.poll()
+        started.append(b)
         if variant == "b_waits":
-            assert b_code is None, "B must wait for the zombie's lock, not guess"
+
+            def b_blocked() -> bool:
+                _alive(b, "B")
+                return bool(lock_waiters(pg_available, schema))
+
+            wait_until("B to wait for the zombie's fence lock", b_blocked)
+            assert b.poll() is None, "B must wait for the zombie's lock, not guess"
+        else:
+            # B gives up on the lock while A still holds it, frozen
+            b.wait(timeout=60)
+            assert fence_holders(pg_available, schema) == holders
         os.kill(a.pid, signal.SIGCONT)
         _, a_err = a.communicate(timeout=60)
         _, b_err = b.communicate(timeout=60)
@@ -263,6 +314,9 @@ def test_zombie_writer_holding_the_fence_lock(
         assert attempts[1].attempt == 2
         assert attempts[-1].state is AttemptState.COMPLETE
     finally:
+        for proc in started:  # a failed step must not leave a frozen process behind
+            if proc.poll() is None:
+                kill(proc)
         _drop(pg_available, schema)
         _drop(with_db(pg_available, "postgres"), schema)
 
@@ -400,8 +454,15 @@ def test_journal_outage_after_the_target_commit(
     try:
         route.workload()
         run = start_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=sleep(2)")
-        _wait_state(route, CommitState.COMMITTING)
-        time.sleep(0.5)
+
+        def target_committed() -> bool:
+            assert run.poll() is None, "the run ended before the journal went down"
+            try:
+                return route.counts() == (ROWS, ROWS)
+            except psycopg.errors.UndefinedTable:
+                return False  # the data transaction has not committed the table yet
+
+        wait_until("the target transaction to commit", target_committed)
         private_pg.stop(mode="immediate")
         _, err = run.communicate(timeout=60)
         assert run.returncode in (6, 75), err

@@ -40,6 +40,7 @@ from dpone.testing.journal_conformance import (
     leased,
     new_operation_id,
 )
+from dpone.testing.pg_probe import wait_until
 
 SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "WHERE", "RETURNING")
 CANARY = "Canary-Pw-7f3a9c"  # a password that must never surface
@@ -492,9 +493,19 @@ def test_create_complete_within_waits_for_an_in_flight_creator(
                     outcome["error"] = exc
 
             thread = threading.Thread(target=racer)
+            waiter = second.info.backend_pid
             thread.start()
-            time.sleep(0.3)
-            assert thread.is_alive(), "the second creator must wait for the first"
+
+            def second_waits() -> bool:
+                assert thread.is_alive(), "the second creator must wait for the first"
+                with psycopg.connect(pg_available, autocommit=True) as probe:
+                    row = probe.execute(
+                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                        (waiter,),
+                    ).fetchone()
+                return row is not None and row[0] is True
+
+            wait_until("the second creator to wait on the first's key", second_waits)
         thread.join(30)
     assert isinstance(outcome.get("error"), JournalConflict)
     done = journal.get(operation_id)

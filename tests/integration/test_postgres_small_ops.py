@@ -21,6 +21,7 @@ from dpone.contracts.states import CommitState
 from dpone.errors import FenceUnavailable, TargetSchemaMismatch, TargetWriteFailed
 from dpone.runtime import failpoints
 from dpone.testing.crash import check_history
+from dpone.testing.pg_probe import fence_holders, wait_until
 
 INTERVAL = "2026-11-01/2026-11-02"
 HEADER = "order_id,customer,amount,ordered_at\n"
@@ -187,7 +188,13 @@ def test_a_waiter_past_its_lock_bound_is_unavailable_and_records_nothing(
                 target=lambda: done.append(first.run(interval=INTERVAL, partition="1"))
             )
             thread.start()
-            threading.Event().wait(0.4)
+
+            def first_holds_the_fence() -> bool:
+                assert thread.is_alive(), "the first run ended before it held the fence"
+                return bool(fence_holders(pg_available, pg_schema))
+
+            # paused in its one transaction, the fence row locked: the waiter must wait
+            wait_until("the first run to hold the fence row", first_holds_the_fence)
             with pytest.raises(FenceUnavailable):
                 second.run(interval=INTERVAL, partition="1")
             assert len(_entries(pg_available, pg_schema)) == 1, "nothing recorded meanwhile"
