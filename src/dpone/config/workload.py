@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import string
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -625,17 +626,7 @@ class Workload(_Model):
         source = self.source
         if not isinstance(source, _SqlSourceConfig):
             raise ConfigInvalid("this source has no URL", field="source")
-        if source.url is not None:
-            return source.url
-        name = source.url_env or ""
-        value = env.get(name)
-        if not value:
-            raise ConfigInvalid(
-                f"source.url_env names {name}, which is not set",
-                field="source.url_env",
-                hint=f"export {name}=<the source database's URL>",
-            )
-        return value
+        return _url_of(source.url, source.url_env, env, "source", "the source database's URL")
 
     def target_url(self, environ: dict[str, str] | None = None) -> str:
         """Return the target URL from ``url`` or the variable ``url_env`` names."""
@@ -643,17 +634,24 @@ class Workload(_Model):
         target = self.target
         if not isinstance(target, SqliteTargetConfig | PostgresTargetConfig | _UrlTargetConfig):
             raise ConfigInvalid("this target has no URL", field="target")
-        if target.url is not None:
-            return target.url
-        name = target.url_env or ""
-        value = env.get(name)
-        if not value:
-            raise ConfigInvalid(
-                f"target.url_env names {name}, which is not set",
-                field="target.url_env",
-                hint=f"export {name}=<the target's URL>",
-            )
-        return value
+        return _url_of(target.url, target.url_env, env, "target", "the target's URL")
+
+
+def _url_of(
+    url: str | None, url_env: str | None, env: Mapping[str, str], section: str, what: str
+) -> str:
+    """``url`` as given, else the value of the variable ``url_env`` names (never empty)."""
+    if url is not None:
+        return url
+    name = url_env or ""
+    value = env.get(name)
+    if not value:
+        raise ConfigInvalid(
+            f"{section}.url_env names {name}, which is not set",
+            field=f"{section}.url_env",
+            hint=f"export {name}=<{what}>",
+        )
+    return value
 
 
 def resolve_file_url(url: str, *, scheme: str, base_dir: Path, field: str) -> Path:
