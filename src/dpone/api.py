@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from dpone.config.bootstrap import (
     RunContext,
@@ -18,18 +19,24 @@ from dpone.config.bootstrap import (
     retry_policy,
     run_request,
 )
-from dpone.config.workload import Workload, load_workload
+from dpone.config.workload import RestTargetConfig, Workload, load_workload
+from dpone.contracts.delivery import DeliveryResult
 from dpone.contracts.identity import Interval, parse_interval
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.result import OperationResult
 from dpone.contracts.run import Provenance
+from dpone.errors import ConfigInvalid
 from dpone.ports.source import SourcePort
 from dpone.runtime.commit_protocol import CommitProtocol, OperationSpec
 from dpone.runtime.executor import new_owner
 from dpone.runtime.retry import call_with_retries
 from dpone.runtime.run import RunService
 
-__all__ = ["RunContext", "Runner", "run_operation"]
+if TYPE_CHECKING:
+    from dpone.config.bootstrap import Route
+    from dpone.config.delivery import RestRoute
+
+__all__ = ["DeliveryResult", "RunContext", "Runner", "run_operation"]
 
 
 class Runner:
@@ -49,7 +56,111 @@ class Runner:
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         configure_failpoints(environ)
         self._environ = environ
-        self._route = build_route(self.workload, environ=environ)
+        self._rest: RestRoute | None = None
+        self._relational: Route | None = None
+        if isinstance(self.workload.target, RestTargetConfig):
+            from dpone.config.delivery import open_rest_route
+
+            self._rest = open_rest_route(self.workload, environ=environ)
+        else:
+            self._relational = build_route(self.workload, environ=environ)
+
+    @property
+    def _route(self) -> Route:
+        if self._relational is None:
+            raise ConfigInvalid(
+                "this workload delivers to a REST receiver: use Runner.deliver() "
+                "(or `dpone run`), not Runner.run()",
+                field="target.kind",
+            )
+        return self._relational
+
+    def _rest_route(self) -> RestRoute:
+        if self._rest is None:
+            raise ConfigInvalid(
+                "this workload writes to a relational target: use Runner.run(); "
+                "deliver() is for target.kind rest",
+                field="target.kind",
+            )
+        return self._rest
+
+    def deliver(
+        self,
+        *,
+        interval: str | None = None,
+        partition: str | None = None,
+        context: RunContext | None = None,
+        provenance: Provenance | None = None,
+        poll_budget_s: float = 0.0,
+    ) -> DeliveryResult:
+        """Deliver one operation of a rest workload (or continue its recorded delivery).
+
+        The source is materialized into the staged JSON-lines payload (the payload
+        authority), the checkpoint the operation promotes is bound to it, and the
+        delivery is submitted once by key. The run is recorded in the run ledger
+        (key ``op:<operation id>``), each call that does work as an attempt.
+
+        Args:
+            interval: ``START/END``; None for an incremental workload (the checkpoint's
+                next interval, reused by every retry until it completes).
+            partition: the mapped partition identity, if any.
+            context: logical run identity (Airflow fills it).
+            provenance: who invokes; default an API caller.
+            poll_budget_s: how long this call keeps observing an accepted job.
+
+        Returns:
+            ``DeliveryCompleted`` (the checkpoint is promoted), ``DeliveryPending``
+            (the receipt is durable: call :meth:`resume_delivery` at ``next_check_at``)
+            or ``DeliveryBlocked`` (an operator must decide).
+
+        Raises:
+            DponeError: a typed error; e.g. ``ReceiverUnavailable`` (retryable),
+                ``IntentConflict``, ``LeaseHeld``, ``ConfigInvalid``.
+
+        """
+        from dpone.config.bootstrap import next_interval_for
+        from dpone.config.delivery import payload_materializer, plan_delivery
+
+        route = self._rest_route()
+        if interval is None:
+            window = next_interval_for(
+                self.workload, route.journal, route.receiver_identity, partition=partition
+            )
+        else:
+            window = parse_interval(interval)
+        who = provenance or api_provenance()
+        spec = plan_delivery(
+            route,
+            window=window,
+            partition=partition,
+            context=context,
+            provenance=who,
+            environ=self._environ,
+        )
+        return route.service.deliver(
+            spec,
+            payload=payload_materializer(self.workload, window=window, partition=partition),
+            provenance=who.record(),
+            poll_budget_s=poll_budget_s,
+        )
+
+    def resume_delivery(self, operation_id: str, *, poll_budget_s: float = 0.0) -> DeliveryResult:
+        """Continue a recorded delivery from the control plane (e.g. after a deferral).
+
+        Rereads the record; observes the job if it is not terminal; on verified remote
+        success (a succeeded observation of the durable receipt) promotes the bound
+        checkpoint, then COMPLETE. A COMPLETE delivery returns ``DeliveryCompleted``
+        again (``replayed``), without promoting twice.
+
+        Raises:
+            OperationNotFound: nothing is recorded under ``operation_id``.
+            DponeError: as :meth:`deliver`.
+
+        """
+        route = self._rest_route()
+        return route.service.resume(
+            operation_id, provenance=api_provenance().record(), poll_budget_s=poll_budget_s
+        )
 
     def run(
         self,
@@ -139,8 +250,11 @@ class Runner:
         return source, spec
 
     def close(self) -> None:
-        """Close the journal and target connections. Idempotent."""
-        self._route.close()
+        """Close the journal and target (or control-plane) connections. Idempotent."""
+        if self._relational is not None:
+            self._relational.close()
+        if self._rest is not None:
+            self._rest.close()
 
     def __enter__(self) -> Runner:
         return self

@@ -24,6 +24,10 @@ JournalOpt = Annotated[
     typer.Option("--journal", help="Journal URL (default: $DPONE_JOURNAL or .dpone)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+WorkloadOpt = Annotated[
+    Path | None,
+    typer.Option("--workload", "-w", help="Workload file: its journal (URL and schema) is used."),
+]
 
 
 def _journal_url(journal: str | None) -> str:
@@ -104,6 +108,15 @@ def _result_json(result: Any) -> tuple[dict[str, Any], int]:
     )
 
 
+def print_result(result: Any, *, as_json: bool) -> int:
+    """Print a delivery outcome; return its exit code (0 completed/pending, 3 blocked)."""
+    payload, code = _result_json(result)
+    if not as_json and payload["outcome"] == "pending":
+        payload["next"] = f"dpone delivery resume --operation-id {result.operation_id}"
+    _print(payload, as_json=as_json)
+    return code
+
+
 def _print(payload: dict[str, Any], *, as_json: bool) -> None:
     from dpone.cli.main import _emit_json, out
 
@@ -121,7 +134,10 @@ def _print(payload: dict[str, Any], *, as_json: bool) -> None:
 
 @delivery_app.command("status")
 def status(
-    operation_id: OperationOpt, journal: JournalOpt = None, as_json: JsonOpt = False
+    operation_id: OperationOpt,
+    journal: JournalOpt = None,
+    workload: WorkloadOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show a delivery: state, receipt, attempts, observations, capacity (read-only)."""
     from dpone.cli.main import _boundary
@@ -129,7 +145,8 @@ def status(
     from dpone.errors import OperationNotFound
 
     with _boundary(as_json):
-        store = open_delivery_store(_journal_url(journal), base_dir=Path.cwd())
+        url, base, schema = _journal_of(journal, workload)
+        store = open_delivery_store(url, base_dir=base, schema=schema)
         try:
             record = store.get(operation_id)
             children = store.children(operation_id) if record is None else []
@@ -263,6 +280,7 @@ def send(
 def resume(
     operation_id: OperationOpt,
     journal: JournalOpt = None,
+    workload: WorkloadOpt = None,
     poll_budget: Annotated[
         float, typer.Option(min=0.0, help="Seconds to keep observing a running job.")
     ] = 0.0,
@@ -274,29 +292,50 @@ def resume(
 ) -> None:
     """Continue a delivery from its recorded state: observe, retry when due, or reconcile.
 
-    Exit 0 when completed or still pending (see "outcome"), 3 when blocked for an operator.
+    A workload's delivery promotes the checkpoint bound to it once the remote success
+    is verified, then COMPLETE; the run ledger records the attempt. Exit 0 when
+    completed or still pending (see "outcome"), 3 when blocked for an operator.
     """
+    import socket
+
     from dpone.cli.main import _boundary
-    from dpone.config.delivery import open_delivery_processor
+    from dpone.config.delivery import open_delivery_service
+    from dpone.contracts.run import ApiProvenance
     from dpone.runtime.delivery import DeliveryPolicy
 
-    policy = DeliveryPolicy(
-        poll_interval_s=poll_interval, poll_budget_s=poll_budget, wait_budget_s=wait_budget
-    )
+    policy = DeliveryPolicy(poll_interval_s=poll_interval, wait_budget_s=wait_budget)
     with _boundary(as_json):
-        proc = open_delivery_processor(_journal_url(journal), base_dir=Path.cwd(), policy=policy)
+        url, base, schema = _journal_of(journal, workload)
+        service, journal_port = open_delivery_service(
+            url, base_dir=base, policy=policy, schema=schema
+        )
+        who = ApiProvenance(caller="dpone delivery resume", host=socket.gethostname())
         try:
-            payload, code = _result_json(proc.resume(operation_id))
+            result = service.resume(
+                operation_id, provenance=who.record(), poll_budget_s=poll_budget
+            )
         finally:
-            proc.close()
-            proc.store.close()
-        _print(payload, as_json=as_json)
-        raise typer.Exit(code)
+            service.store.close()
+            journal_port.close()
+    raise typer.Exit(print_result(result, as_json=as_json))
+
+
+def _journal_of(journal: str | None, workload: Path | None) -> tuple[str, Path, str]:
+    """The journal URL, its base directory and schema: --journal, else the workload's."""
+    if journal is not None or workload is None:
+        return _journal_url(journal), Path.cwd(), "dpone"
+    from dpone.config.workload import load_workload
+
+    loaded = load_workload(workload)
+    return loaded.journal_url(), loaded.base_dir, loaded.journal_schema
 
 
 @delivery_app.command("reconcile")
 def reconcile(
-    operation_id: OperationOpt, journal: JournalOpt = None, as_json: JsonOpt = False
+    operation_id: OperationOpt,
+    journal: JournalOpt = None,
+    workload: WorkloadOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Ask the receiver what happened to an unanswered submit (key lookup); never submits."""
     from dpone.cli.main import _boundary
@@ -304,7 +343,8 @@ def reconcile(
     from dpone.contracts.delivery import DeliveryState
 
     with _boundary(as_json):
-        proc = open_delivery_processor(_journal_url(journal), base_dir=Path.cwd())
+        url, base, schema = _journal_of(journal, workload)
+        proc = open_delivery_processor(url, base_dir=base, schema=schema)
         try:
             record = proc.reconcile(operation_id)
         finally:

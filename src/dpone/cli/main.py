@@ -241,16 +241,27 @@ def run(
             "operation id)."
         ),
     ] = None,
+    poll_budget: Annotated[
+        float,
+        typer.Option(min=0.0, help="REST workloads: seconds to keep observing the accepted job."),
+    ] = 0.0,
 ) -> None:
     """Run one operation of WORKLOAD for an interval: write once, resume, or replay.
 
     A publication workload runs whole: every partition, reconcile, publish (with
-    --partition: that one partition only, as a mapped task).
+    --partition: that one partition only, as a mapped task). A REST workload
+    (target.kind rest) delivers once and prints the outcome: completed or pending
+    (exit 0; `dpone delivery resume` continues a pending one) or blocked (exit 3).
     """
     from dpone.api import run_operation
 
     with _boundary(as_json):
         publication = is_publication_workload(workload)
+        rest = _is_rest_workload(workload)
+    if rest:
+        _setup_logging(log_format, quiet)
+        _deliver(workload, interval, partition, idempotency_key, poll_budget, as_json=as_json)
+        return
     if publication:
         write_publication(
             workload,
@@ -290,6 +301,44 @@ def run(
         f"mode={result.mode.value} version={result.journal_version}{run_note}{note}",
         flush=True,
     )
+
+
+def _is_rest_workload(workload: Path) -> bool:
+    from dpone.config.workload import load_workload
+
+    return load_workload(workload).target.kind == "rest"
+
+
+def _deliver(
+    workload: Path,
+    interval: str | None,
+    partition: str | None,
+    idempotency_key: str | None,
+    poll_budget: float,
+    *,
+    as_json: bool,
+) -> NoReturn:
+    """`dpone run` of a REST workload: deliver (or continue) and print the outcome."""
+    from dpone.api import Runner
+    from dpone.cli.delivery import print_result
+    from dpone.errors import ConfigInvalid
+
+    with _boundary(as_json):
+        if idempotency_key is not None:
+            raise ConfigInvalid(
+                "--idempotency-key is not taken by REST workloads: the run is named by "
+                "its operation id (op:<operation id>)",
+                field="idempotency_key",
+                hint="leave --idempotency-key out",
+            )
+        with Runner(workload) as runner:
+            result = runner.deliver(
+                interval=interval,
+                partition=partition,
+                provenance=_cli_provenance(),
+                poll_budget_s=poll_budget,
+            )
+    raise typer.Exit(print_result(result, as_json=as_json))
 
 
 def _cli_provenance() -> Any:

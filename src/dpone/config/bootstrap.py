@@ -57,6 +57,7 @@ from .workload import (
     PostgresTableSourceConfig,
     PostgresTargetConfig,
     PublicationTargetConfig,
+    RestTargetConfig,
     SqliteTableSourceConfig,
     SqliteTargetConfig,
     SqlSourceConfig,
@@ -70,9 +71,11 @@ __all__ = [
     "RunContext",
     "api_provenance",
     "build_route",
+    "checkpoint_advance",
     "configure_failpoints",
     "ledger_of",
     "next_interval",
+    "next_interval_for",
     "open_journal",
     "open_source",
     "plan_operation",
@@ -251,6 +254,12 @@ def _open_connector(workload: Workload, environ: Mapping[str, str]) -> TargetCon
         from dpone.adapters.connectors.jsonl_append import JsonlAppendConnector
 
         return cast(TargetConnectorPort, JsonlAppendConnector(workload.resolve_path(target.path)))
+    if isinstance(target, RestTargetConfig):
+        raise ConfigInvalid(
+            "a REST delivery workload has a receiver, not a target connector",
+            field="target.kind",
+            hint="use `dpone run WORKLOAD` or Runner.deliver()",
+        )
     if isinstance(target, PublicationTargetConfig):
         raise ConfigInvalid(
             "a publication workload has one writer per partition, not one target connector",
@@ -341,7 +350,12 @@ def _require_driver(module: str, *, extra: str) -> None:
 
 def _stream(workload: Workload, route: Route, partition: str | None) -> tuple[str, str, str]:
     """Return (stream id, partition label, target identity) of the workload's stream."""
-    target_identity = route.connector.target_identity()
+    return _stream_of(workload, route.connector.target_identity(), partition)
+
+
+def _stream_of(
+    workload: Workload, target_identity: str, partition: str | None
+) -> tuple[str, str, str]:
     label = partition or "-"
     return (
         stream_id(
@@ -366,6 +380,15 @@ def next_interval(workload: Workload, route: Route, *, partition: str | None = N
     Raises:
         ConfigInvalid: the workload has no ``incremental`` block, or nothing is due yet.
     """
+    return next_interval_for(
+        workload, route.journal, route.connector.target_identity(), partition=partition
+    )
+
+
+def next_interval_for(
+    workload: Workload, journal: CommitJournalPort, target_identity: str, *, partition: str | None
+) -> Interval:
+    """:func:`next_interval` for a target named by its identity (a REST receiver, too)."""
     incremental = workload.incremental
     if incremental is None:
         raise ConfigInvalid(
@@ -373,10 +396,10 @@ def next_interval(workload: Workload, route: Route, *, partition: str | None = N
             field="interval",
             hint="pass --interval START/END, or add an incremental: block with a start",
         )
-    store = _checkpoint_store(route.journal)
-    stream, label, target_identity = _stream(workload, route, partition)
+    store = _checkpoint_store(journal)
+    stream, label, target_identity = _stream_of(workload, target_identity, partition)
     origin = to_micros(incremental.start)
-    now = int(route.journal.now()) - math.ceil(incremental.lag_seconds)  # whole seconds
+    now = int(journal.now()) - math.ceil(incremental.lag_seconds)  # whole seconds
     proposed = now * 1_000_000
     current = store.get_checkpoint(stream)
     watermark = current.watermark if current is not None else origin
@@ -456,6 +479,11 @@ def _certified(workload: Workload, connector: TargetConnectorPort) -> bool:
         database=connector.database_locator(),
     )
     return evidence is not None
+
+
+def pack_fingerprint(workload: Workload, target_identity: str) -> str:
+    """The workload definition's fingerprint (no paths, URLs or secrets): intent and run pin."""
+    return _pack_fingerprint(workload, target_identity)
 
 
 def _pack_fingerprint(workload: Workload, target_identity: str) -> str:
@@ -565,9 +593,16 @@ def _advance(
     workload: Workload, route: Route, partition: str | None, window: Interval
 ) -> CheckpointAdvance | None:
     """What this operation's COMPLETE promotes, for an incremental workload."""
+    return checkpoint_advance(workload, route.connector.target_identity(), partition, window)
+
+
+def checkpoint_advance(
+    workload: Workload, target_identity: str, partition: str | None, window: Interval
+) -> CheckpointAdvance | None:
+    """What completing ``window`` promotes in the stream of ``target_identity`` (or None)."""
     if workload.incremental is None:
         return None
-    stream, label, target_identity = _stream(workload, route, partition)
+    stream, label, target_identity = _stream_of(workload, target_identity, partition)
     return CheckpointAdvance.of(
         stream=stream,
         workload_id=workload.workload,

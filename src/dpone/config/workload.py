@@ -42,6 +42,7 @@ __all__ = [
     "PublicationConfig",
     "PublicationTargetConfig",
     "RecoveryPolicy",
+    "RestTargetConfig",
     "RetryConfig",
     "SqlSourceConfig",
     "SqliteTableSourceConfig",
@@ -335,6 +336,7 @@ _BUILTIN_TARGETS = (
     "duckdb",
     "jsonl_append",
     "publication",
+    "rest",
 )
 
 
@@ -377,6 +379,78 @@ def _target_tag(value: object) -> str:
 class JsonlAppendTargetConfig(_Model):
     kind: Literal["jsonl_append"]
     path: str
+
+
+_CREDENTIAL_REF = r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$"
+
+
+class RestTargetConfig(_Model):
+    """A REST bulk receiver: the source is delivered as asynchronous remote jobs (section 14).
+
+    The file names the receiver (``url`` or the variable ``url_env``), a credential
+    *reference* (``env:NAME`` or ``file:PATH``, never the token), the receiver's limit
+    of active jobs, the child size of a split delivery and the polling bounds.
+    """
+
+    kind: Literal["rest"]
+    url: str | None = None
+    url_env: str | None = None
+    credential: str | None = None
+    capacity: int | None = Field(None, ge=1, le=10_000)
+    rows_per_child: int | None = Field(None, ge=1, le=100_000_000)
+    chunk_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+    poll_interval_seconds: float = Field(5.0, ge=0.05, le=86_400)
+    wait_budget_seconds: float = Field(30.0, ge=0, le=86_400)
+    request_timeout_seconds: float = Field(10.0, gt=0, le=600)
+    submit_lease_seconds: float = Field(60.0, gt=0, le=86_400)
+    staging_dir: str = ".dpone/staging"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _receiver_url(value)
+
+    @field_validator("credential")
+    @classmethod
+    def _credential(cls, value: str | None) -> str | None:
+        import re
+
+        if value is not None and not re.match(_CREDENTIAL_REF, value):
+            raise ValueError(
+                "the credential must be a reference, env:NAME or file:PATH, never the token itself"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_url(self) -> RestTargetConfig:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url or url_env")
+        if self.submit_lease_seconds <= self.request_timeout_seconds:
+            raise ValueError(
+                "submit_lease_seconds must exceed request_timeout_seconds (a live submit "
+                "must never look abandoned)"
+            )
+        return self
+
+
+def _receiver_url(value: str) -> str:
+    """``scheme://host[:port]/path`` of a receiver: http(s), no user info, query or fragment."""
+    from urllib.parse import urlunsplit
+
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        raise ValueError("the receiver URL is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("the receiver URL must be http(s)://host[:port][/path]")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ValueError(
+            "the receiver URL may not carry user info, a query or a fragment; name the "
+            "token with credential: env:NAME or file:PATH"
+        )
+    netloc = parts.hostname.lower() + (f":{port}" if port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
 class PublicationTargetConfig(_Model):
@@ -544,6 +618,7 @@ class Workload(_Model):
         | Annotated[DuckDbTargetConfig, Tag("duckdb")]
         | Annotated[JsonlAppendTargetConfig, Tag("jsonl_append")]
         | Annotated[PublicationTargetConfig, Tag("publication")]
+        | Annotated[RestTargetConfig, Tag("rest")]
         | Annotated[PluginTargetConfig, Tag("plugin")],
         Discriminator(_target_tag),
     ]
@@ -566,6 +641,9 @@ class Workload(_Model):
         """A publication workload needs no target or load: its target is the store."""
         if isinstance(data, dict) and data.get("publication") is not None:
             data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
+        target = data.get("target") if isinstance(data, dict) else None
+        if isinstance(target, dict) and target.get("kind") == "rest" and "load" not in data:
+            data = {**data, "load": {"strategy": "append"}}  # a receiver job appends
         return data
 
     @field_validator("workload", "journal_schema")
@@ -583,6 +661,11 @@ class Workload(_Model):
             raise ValueError(
                 f"audits run inside a SQL target's transaction; target kind {self.target.kind!r} "
                 f"has none (audited kinds: {', '.join(sorted(_AUDITED_TARGETS))})"
+            )
+        if self.target.kind == "rest" and self.load.strategy is not LoadStrategy.APPEND:
+            raise ValueError(
+                "target kind rest delivers rows as receiver jobs: use load.strategy append "
+                "(or leave load out)"
             )
         if (self.target.kind == "publication") != (self.publication is not None):
             raise ValueError("target kind publication goes with a publication: section")
@@ -632,9 +715,23 @@ class Workload(_Model):
         """Return the target URL from ``url`` or the variable ``url_env`` names."""
         env = os.environ if environ is None else environ
         target = self.target
-        if not isinstance(target, SqliteTargetConfig | PostgresTargetConfig | _UrlTargetConfig):
+        if not isinstance(
+            target,
+            SqliteTargetConfig | PostgresTargetConfig | _UrlTargetConfig | RestTargetConfig,
+        ):
             raise ConfigInvalid("this target has no URL", field="target")
-        return _url_of(target.url, target.url_env, env, "target", "the target's URL")
+        url = _url_of(target.url, target.url_env, env, "target", "the target's URL")
+        if isinstance(target, RestTargetConfig) and target.url_env is not None:
+            try:
+                return _receiver_url(url)
+            except ValueError as exc:
+                raise ConfigInvalid(
+                    f"target.url_env names {target.url_env}, whose value is not a receiver "
+                    f"URL: {exc}",
+                    field="target.url_env",
+                    hint="export the receiver's base URL, e.g. https://bulk.example.com/api",
+                ) from None
+        return url
 
 
 def _url_of(
@@ -712,6 +809,7 @@ _UNION_TAGS = frozenset(
         "mariadb",
         "duckdb",
         "jsonl_append",
+        "rest",
         "plugin",
         "local",
         "s3",

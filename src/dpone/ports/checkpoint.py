@@ -9,7 +9,7 @@ from dpone.contracts.checkpoint import Checkpoint, CheckpointAdvance
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.states import CommitState
 
-__all__ = ["CheckpointStorePort", "TransactionalCheckpointStorePort"]
+__all__ = ["CheckpointStorePort", "DeliveryCheckpointPort", "TransactionalCheckpointStorePort"]
 
 
 class CheckpointStorePort(Protocol):
@@ -104,5 +104,38 @@ class TransactionalCheckpointStorePort(CheckpointStorePort, Protocol):
 
         Atomic folds (PREPARING | PREPARED | FAILED_PRE_COMMIT -> COMPLETE) are allowed;
         a conflict raises and the caller rolls the whole transaction back.
+        """
+        ...
+
+
+class DeliveryCheckpointPort(Protocol):
+    """Checkpoint promotion for deliveries, whose COMPLETE lives in the delivery control plane.
+
+    A delivery's success is proven by the receiver, possibly in another process than
+    the submitter, so what it promotes is *bound* to its operation id before anything
+    is sent, and promoted by an absolute write once the control plane holds verified
+    success evidence (``dpone.runtime.workload_delivery``). The journal adapters
+    implement it in the journal's database.
+    """
+
+    def bind_delivery_checkpoint(
+        self, *, operation_id: str, checkpoint: CheckpointAdvance
+    ) -> CheckpointAdvance:
+        """Record what ``operation_id`` promotes (create-if-absent); return the recorded one."""
+        ...
+
+    def delivery_checkpoint(self, operation_id: str) -> CheckpointAdvance | None:
+        """Return what ``operation_id`` promotes, or None (it promotes nothing)."""
+        ...
+
+    def promote_delivered(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Record the interval complete and chain the watermark over it (ADR 0005 rules).
+
+        Absolute and idempotent: a repeated call (a crash between the promotion and
+        the delivery's COMPLETE) finds the interval recorded and writes nothing.
+
+        Returns:
+            True when this call recorded the interval, False when it was already recorded.
+
         """
         ...

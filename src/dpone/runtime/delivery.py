@@ -743,6 +743,7 @@ class ResumableDeliveryProcessor:
         )
 
     def _complete(self, record: DeliveryRecord) -> DeliveryRecord:
+        failpoints.hit("before:delivery.promote")  # terminal success durable, not promoted
         if self._promote is not None:
             self._promote(record)
         failpoints.hit("before:delivery.COMPLETE")

@@ -68,6 +68,7 @@ DELIVERY_FAILPOINT_NAMES: tuple[str, ...] = (
     "after:delivery.submit",
     "after:delivery.ACCEPTED",
     "before:delivery.observe",
+    "before:delivery.promote",
     "before:delivery.COMPLETE",
 )
 #: Failpoints of partition publication (publish's two writes). Kept apart from

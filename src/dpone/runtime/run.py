@@ -48,7 +48,7 @@ from dpone.ports.ledger import RunLedgerPort
 from dpone.runtime.commit_protocol import CommitProtocol, OperationSpec
 from dpone.runtime.retry import RetryPolicy, call_with_retries
 
-__all__ = ["RunRequest", "RunService", "run_state_for"]
+__all__ = ["RunRequest", "RunService", "check_replay", "run_state_for"]
 
 _log = logging.getLogger("dpone.runtime")
 
@@ -126,7 +126,7 @@ class RunService:
         run, created = self._ledger.begin_run(start)
         self._emit(run, "run" if created else "replay")
         if not created:
-            _check_replay(run, start)
+            check_replay(run, start)
         mine: list[int] = []
 
         def record_attempt(entry: JournalEntry) -> None:
@@ -201,7 +201,7 @@ class RunService:
         )
 
 
-def _check_replay(run: RunRecord, start: RunStart) -> None:
+def check_replay(run: RunRecord, start: RunStart) -> None:
     """Refuse a key reused for another request or with another workload definition."""
     if run.request_hash != start.request_hash or run.operation_id != start.operation_id:
         raise RunKeyConflict(

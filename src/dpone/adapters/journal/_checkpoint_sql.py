@@ -17,7 +17,17 @@ from dpone.contracts.checkpoint import (
     next_claim,
 )
 
-__all__ = ["Dialect", "claim", "list_all", "promote", "read"]
+__all__ = [
+    "Dialect",
+    "bind",
+    "bound",
+    "claim",
+    "ensure_bindings",
+    "interval_recorded",
+    "list_all",
+    "promote",
+    "read",
+]
 
 _COLUMNS = (
     "c.stream_id, c.workload_id, c.partition, c.target_identity, c.origin_us, "
@@ -160,3 +170,87 @@ def list_all(cur: Any, d: Dialect) -> list[Checkpoint]:
         _select(d, "ORDER BY c.workload_id, c.partition, c.stream_id"), ()
     ).fetchall()
     return [_decode(r) for r in rows]
+
+
+# ---------------------------------------------------------------- delivery bindings
+# A delivery (REST bulk job) promotes its workload's checkpoint once the remote job is
+# proven successful, possibly in another process than the one that submitted it (a
+# ``dpone delivery resume``, an Airflow execute_complete). The binding records, before
+# anything is sent, what the operation promotes. Its own table, created on first use,
+# so neither the journal's migrations nor the delivery control plane's schema change.
+_BINDINGS = (
+    "CREATE TABLE IF NOT EXISTS {p}dpone_checkpoint_bindings ("
+    "operation_id TEXT PRIMARY KEY, stream_id TEXT NOT NULL, workload_id TEXT NOT NULL, "
+    "partition TEXT NOT NULL, target_identity TEXT NOT NULL, origin_us BIGINT NOT NULL, "
+    "start_us BIGINT NOT NULL, end_us BIGINT NOT NULL, created_at DOUBLE PRECISION NOT NULL)"
+)
+_BINDING_COLUMNS = "stream_id, workload_id, partition, target_identity, origin_us, start_us, end_us"
+
+
+def _bound_row(cur: Any, d: Dialect, operation_id: str) -> CheckpointAdvance | None:
+    row = cur.execute(
+        d.sql(
+            f"SELECT {_BINDING_COLUMNS} FROM {{p}}dpone_checkpoint_bindings WHERE operation_id = ?"
+        ),
+        (operation_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    return CheckpointAdvance(
+        stream_id=str(row[0]),
+        workload_id=str(row[1]),
+        partition=str(row[2]),
+        target_identity=str(row[3]),
+        origin=int(row[4]),
+        start=int(row[5]),
+        end=int(row[6]),
+    )
+
+
+def ensure_bindings(cur: Any, d: Dialect) -> None:
+    """Create the bindings table if it is absent (inside the caller's write transaction)."""
+    cur.execute(d.sql(_BINDINGS))
+
+
+def bind(
+    cur: Any, d: Dialect, advance: CheckpointAdvance, *, operation_id: str, at: float
+) -> CheckpointAdvance:
+    """Record what ``operation_id`` promotes (create-if-absent); return the recorded binding."""
+    ensure_bindings(cur, d)
+    cur.execute(
+        d.sql(
+            f"INSERT INTO {{p}}dpone_checkpoint_bindings (operation_id, {_BINDING_COLUMNS}, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (operation_id) DO NOTHING"
+        ),
+        (
+            operation_id,
+            advance.stream_id,
+            advance.workload_id,
+            advance.partition,
+            advance.target_identity,
+            advance.origin,
+            advance.start,
+            advance.end,
+            at,
+        ),
+    )
+    recorded = _bound_row(cur, d, operation_id)
+    assert recorded is not None  # noqa: S101 - inserted or present in this transaction
+    return recorded
+
+
+def bound(cur: Any, d: Dialect, operation_id: str) -> CheckpointAdvance | None:
+    """Return what ``operation_id`` promotes, or None (no binding, or no table yet)."""
+    return _bound_row(cur, d, operation_id)
+
+
+def interval_recorded(cur: Any, d: Dialect, advance: CheckpointAdvance) -> bool:
+    """True when the advance's interval is already recorded as complete for its stream."""
+    row = cur.execute(
+        d.sql(
+            "SELECT 1 FROM {p}dpone_checkpoint_intervals "
+            "WHERE stream_id = ? AND start_us = ? AND end_us = ?"
+        ),
+        (advance.stream_id, advance.start, advance.end),
+    ).fetchone()
+    return row is not None

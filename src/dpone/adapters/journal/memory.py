@@ -56,6 +56,7 @@ class InMemoryCommitJournal:
         self._audit: list[AuditRecord] = []
         self._checkpoints: dict[str, Checkpoint] = {}
         self._intervals: dict[str, set[tuple[int, int]]] = {}
+        self._bindings: dict[str, CheckpointAdvance] = {}
         self._runs: dict[str, RunRecord] = {}
         self._attempts: dict[str, dict[int, AttemptRecord]] = {}
 
@@ -347,6 +348,27 @@ class InMemoryCommitJournal:
         with self._lock:
             entry = self._entries.get(operation_id)
             if entry is None or entry.state is not CommitState.COMPLETE:
+                return False
+            self._promote(checkpoint, operation_id)
+            return True
+
+    def bind_delivery_checkpoint(
+        self, *, operation_id: str, checkpoint: CheckpointAdvance
+    ) -> CheckpointAdvance:
+        """Record what a delivery promotes once it succeeds; return the recorded binding."""
+        with self._lock:
+            return self._bindings.setdefault(operation_id, checkpoint)
+
+    def delivery_checkpoint(self, operation_id: str) -> CheckpointAdvance | None:
+        """Return what a delivery promotes, or None."""
+        with self._lock:
+            return self._bindings.get(operation_id)
+
+    def promote_delivered(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Absolute checkpoint write for a verified delivery; False when already recorded."""
+        with self._lock:
+            done = self._intervals.get(checkpoint.stream_id, set())
+            if (checkpoint.start, checkpoint.end) in done:
                 return False
             self._promote(checkpoint, operation_id)
             return True

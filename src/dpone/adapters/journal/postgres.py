@@ -959,6 +959,51 @@ class PostgresCommitJournal:
 
         return self._run("promote the checkpoint", write, repeatable=True)
 
+    def bind_delivery_checkpoint(
+        self, *, operation_id: str, checkpoint: CheckpointAdvance
+    ) -> CheckpointAdvance:
+        """Record what a delivery promotes once it succeeds; return the recorded binding."""
+        dialect = self._checkpoints()
+
+        def write(conn: _Conn) -> CheckpointAdvance:
+            with conn.transaction(), conn.cursor() as cur:
+                return _checkpoint_sql.bind(
+                    cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
+                )
+
+        return self._run("bind a delivery's checkpoint", write, repeatable=True)
+
+    def delivery_checkpoint(self, operation_id: str) -> CheckpointAdvance | None:
+        """Return what a delivery promotes, or None when it promotes nothing."""
+        dialect = self._checkpoints()
+
+        def read(conn: _Conn) -> CheckpointAdvance | None:
+            with conn.transaction(), conn.cursor() as cur:
+                _checkpoint_sql.ensure_bindings(cur, dialect)
+                return _checkpoint_sql.bound(cur, dialect, operation_id)
+
+        return self._run("read a delivery's checkpoint", read, repeatable=True)
+
+    def promote_delivered(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Absolute checkpoint write for a delivery whose remote success is verified.
+
+        Returns False when the interval was already recorded (nothing changes).
+        """
+        dialect = self._checkpoints()
+
+        def write(conn: _Conn) -> bool:
+            with conn.transaction(), conn.cursor() as cur:
+                if _checkpoint_sql.interval_recorded(cur, dialect, checkpoint):
+                    return False
+                # promote locks the stream's row; a concurrent promoter of the same
+                # interval then inserts nothing (ON CONFLICT DO NOTHING): absolute
+                _checkpoint_sql.promote(
+                    cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
+                )
+                return True
+
+        return self._run("promote a delivery's checkpoint", write, repeatable=True)
+
     def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
         """Return the stream's checkpoint, or None."""
         dialect = self._checkpoints()

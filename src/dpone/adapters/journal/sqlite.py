@@ -670,6 +670,35 @@ class SqliteCommitJournal:
             )
             return True
 
+    def bind_delivery_checkpoint(
+        self, *, operation_id: str, checkpoint: CheckpointAdvance
+    ) -> CheckpointAdvance:
+        """Record what a delivery promotes once it succeeds; return the recorded binding."""
+        with self._guard(), self._write() as cur:
+            return _checkpoint_sql.bind(
+                cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
+            )
+
+    def delivery_checkpoint(self, operation_id: str) -> CheckpointAdvance | None:
+        """Return what a delivery promotes, or None when it promotes nothing."""
+        with self._guard(), self._write() as cur:
+            _checkpoint_sql.ensure_bindings(cur, _CHECKPOINTS)
+            return _checkpoint_sql.bound(cur, _CHECKPOINTS, operation_id)
+
+    def promote_delivered(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
+        """Absolute checkpoint write for a delivery whose remote success is verified.
+
+        Returns False when the interval was already recorded (a repeated promotion:
+        nothing changes).
+        """
+        with self._guard(), self._write() as cur:
+            if _checkpoint_sql.interval_recorded(cur, _CHECKPOINTS, checkpoint):
+                return False
+            _checkpoint_sql.promote(
+                cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
+            )
+            return True
+
     def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
         """Return the stream's checkpoint, or None."""
         if self._missing or not self._has_checkpoints():
