@@ -318,7 +318,14 @@ def plan_delivery(
         canonical_interval=window,
         canonical_target_identity=route.receiver_identity,
     )
-    pack = pack_fingerprint(workload, route.receiver_identity)
+    # what is sent depends on the split and the chunking too: they pin the definition
+    pack = digest_of(
+        {
+            "pack": pack_fingerprint(workload, route.receiver_identity),
+            "rows_per_child": target.rows_per_child,
+            "chunk_bytes": target.chunk_bytes,
+        }
+    )
     env = os.environ if environ is None else environ
     request_hash = digest_of(
         {

@@ -1,0 +1,329 @@
+"""Workloads with ``target.kind: rest``: the reference receiver, real SQLite and PostgreSQL.
+
+The source is materialized into the staged payload, the delivery runs through the
+control plane, and the workload's checkpoint is promoted once, only after the
+control plane holds verified remote success.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from dpone.api import Runner
+from dpone.config.workload import load_workload
+from dpone.contracts.delivery import (
+    DeliveryBlocked,
+    DeliveryCompleted,
+    DeliveryPending,
+    DeliveryState,
+)
+from dpone.errors import ConfigInvalid, IntentConflict, RecoveryRefused
+from dpone.testing.crash import dpone_cmd
+from tests.fixtures.receiver import RECEIVER_TOKEN
+
+DAY1 = "2026-11-01T00:00:00Z/2026-11-02T00:00:00Z"
+DAY2 = "2026-11-02T00:00:00Z/2026-11-03T00:00:00Z"
+DAY3_START_US = 1_793_664_000_000_000  # 2026-11-03T00:00:00Z
+DAY2_START_US = 1_793_577_600_000_000  # 2026-11-02T00:00:00Z
+
+
+@pytest.fixture(autouse=True)
+def _token(monkeypatch):
+    monkeypatch.setenv("DPONE_TEST_RECEIVER_TOKEN", RECEIVER_TOKEN)
+
+
+def _workload(root: Path, url: str, *, extra: str = "", journal: str = "sqlite:///journal.db"):
+    (root / "orders.csv").write_text(
+        "id,name\n" + "".join(f"{i},name-{i}\n" for i in range(25)), encoding="utf-8"
+    )
+    path = root / "w.yaml"  # the release differs per test: the receiver is shared
+    path.write_text(
+        f"""\
+workload: orders
+release: "r-{root.name}"
+deployment: test
+journal: "{journal}"
+source: {{kind: csv, path: orders.csv}}
+target:
+  kind: rest
+  url: "{url}"
+  credential: env:DPONE_TEST_RECEIVER_TOKEN
+  capacity: 2
+  poll_interval_seconds: 0.1
+  request_timeout_seconds: 5
+  submit_lease_seconds: 10
+{extra}incremental: {{start: "2026-11-01T00:00:00Z", max_interval_seconds: 86400}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _checkpoint(journal: Path) -> tuple[int, int, list[tuple]]:
+    with closing(sqlite3.connect(journal)) as conn:
+        (watermark,) = conn.execute("SELECT watermark_us FROM dpone_checkpoints").fetchone()
+        pending = conn.execute(
+            "SELECT count(*) FROM dpone_checkpoint_intervals i JOIN dpone_checkpoints c "
+            "USING (stream_id) WHERE i.start_us > c.watermark_us"
+        ).fetchone()[0]
+        rows = conn.execute(
+            "SELECT operation_id, start_us, end_us, completed_at FROM dpone_checkpoint_intervals "
+            "ORDER BY start_us"
+        ).fetchall()
+    return watermark, pending, rows
+
+
+def test_deliver_pending_then_resume_promotes_the_checkpoint_once(receiver, tmp_path):
+    """Pending -> resume -> Completed; checkpoint at the interval end, one interval row;
+    replays return Completed again, no second job, no second promotion; run ledger."""
+    receiver.set_faults(job_duration_s=0.3)
+    with Runner(_workload(tmp_path, receiver.url)) as runner:
+        first = runner.deliver(interval=DAY1)
+        assert isinstance(first, DeliveryPending)
+        op = first.operation_id
+        # not promoted while the job is pending
+        with closing(sqlite3.connect(tmp_path / "journal.db")) as conn:
+            assert conn.execute("SELECT count(*) FROM dpone_checkpoint_intervals").fetchone() == (
+                0,
+            )
+        done = runner.resume_delivery(op, poll_budget_s=10)
+        assert isinstance(done, DeliveryCompleted)
+        assert (done.rows, done.replayed) == (25, False)
+        watermark, pending, rows = _checkpoint(tmp_path / "journal.db")
+        assert (watermark, pending) == (DAY2_START_US, 0)
+        assert [r[:3] for r in rows] == [(op, DAY2_START_US - 86_400_000_000, DAY2_START_US)]
+        again = runner.resume_delivery(op)
+        replay = runner.deliver(interval=DAY1)
+        assert isinstance(again, DeliveryCompleted) and again.replayed
+        assert isinstance(replay, DeliveryCompleted) and replay.operation_id == op
+        assert _checkpoint(tmp_path / "journal.db")[2] == rows  # same row, same time
+        ledger = runner._rest.journal  # the journal keeps the run ledger
+        [run] = ledger.list_runs()
+        assert (run.operation_id, run.state.value) == (op, "COMPLETE")
+        attempts = ledger.attempts(run.run_id)
+        assert [a.state.value for a in attempts] == ["SUPERSEDED", "COMPLETE"]
+        assert attempts[0].provenance["kind"] == "api"
+        record = runner._rest.service.store.get(op)
+        assert record.state is DeliveryState.COMPLETE
+        assert [h["to_state"] for h in runner._rest.service.store.history(op)].count(
+            "COMPLETE"
+        ) == 1
+    assert receiver.jobs_created(op) == 1
+
+
+def test_payload_is_materialized_deterministically(receiver, tmp_path):
+    """The same source and interval give the same staged payload digest (the authority)."""
+    from dpone.config.delivery import payload_materializer
+    from dpone.contracts.identity import parse_interval
+
+    workload = load_workload(_workload(tmp_path, receiver.url))
+    make = payload_materializer(workload, window=parse_interval(DAY1), partition=None)
+    one, two = make(), make()
+    assert one.digest == two.digest and one.path == two.path and one.rows == 25
+    first = Path(one.path).read_text(encoding="utf-8").splitlines()[0]
+    assert json.loads(first) == {"id": "0", "name": "name-0"}
+    assert len(list(Path(one.path).parent.glob(".materialize-*"))) == 0
+
+
+def test_split_delivery_next_intervals_and_contiguity(receiver, tmp_path):
+    """Incremental SQLite-table source: children of 10 rows, the checkpoint promoted once
+    per parent; a later day completed first waits (pending) until the gap completes."""
+    receiver.set_faults(job_duration_s=0.05)
+    with closing(sqlite3.connect(tmp_path / "src.db")) as conn, conn:
+        conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, updated_at TEXT)")
+        conn.executemany(
+            "INSERT INTO events VALUES (?, ?)",
+            [(i, f"2026-11-0{1 + i % 3} {i % 24:02d}:00:00") for i in range(60)],
+        )
+    path = _workload(tmp_path, receiver.url, extra="  rows_per_child: 10\n")
+    text = path.read_text().replace(
+        "source: {kind: csv, path: orders.csv}",
+        'source: {kind: sqlite_table, url: "sqlite:///src.db", table: events}',
+    )
+    path.write_text(text)
+    with Runner(path) as runner:
+        later = runner.deliver(interval=DAY2, poll_budget_s=20)
+        assert isinstance(later, DeliveryCompleted) and later.rows == 20
+        watermark, pending, _ = _checkpoint(tmp_path / "journal.db")
+        assert (watermark, pending) == (1_793_491_200_000_000, 1)  # the gap: day 1
+        first = runner.deliver(poll_budget_s=20)  # the next interval: day 1
+        assert isinstance(first, DeliveryCompleted) and first.rows == 20
+        watermark, pending, rows = _checkpoint(tmp_path / "journal.db")
+        assert (watermark, pending) == (DAY3_START_US, 0)
+        assert [r[0] for r in rows] == [first.operation_id, later.operation_id]
+        children = runner._rest.service.store.children(first.operation_id)
+        assert [c.payload.rows for c in children] == [10, 10]
+        for child in children:
+            assert receiver.jobs_created(child.operation_id) == 1
+        assert receiver.stats()["counters"]["max_active"] <= 1
+        # rows_per_child changed under the same operation: refused, nothing sent
+        path.write_text(text.replace("rows_per_child: 10", "rows_per_child: 7"))
+    with Runner(path) as runner, pytest.raises(IntentConflict):
+        runner.deliver(interval=DAY1)
+
+
+def test_a_failed_remote_job_blocks_and_promotes_nothing(receiver, tmp_path):
+    """A remote failure: Blocked, no checkpoint, the run UNRESOLVED; the evidence check
+    refuses a promotion without a succeeded observation."""
+    receiver.set_faults(job_duration_s=0.05, fail_next_jobs=1)
+    with Runner(_workload(tmp_path, receiver.url)) as runner:
+        result = runner.deliver(interval=DAY1, poll_budget_s=10)
+        assert isinstance(result, DeliveryBlocked)
+        assert result.reason.value == "remote_failed"
+        with pytest.raises(RecoveryRefused):
+            runner._rest.service.verify_success(result.operation_id)
+        [run] = runner._rest.journal.list_runs()
+        assert run.state.value == "UNRESOLVED"
+        assert run.error.code == "DPONE_DELIVERY_BLOCKED"
+    with closing(sqlite3.connect(tmp_path / "journal.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM dpone_checkpoint_intervals").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("target", "field", "words"),
+    [
+        ("{kind: rest}", "target", "exactly one of url or url_env"),
+        ("{kind: rest, url: 'https://u:p@bulk.example.com'}", "target.url", "user info"),
+        ("{kind: rest, url: 'ftp://bulk.example.com'}", "target.url", "http(s)"),
+        (
+            "{kind: rest, url: 'https://bulk.example.com', credential: 'abc123token'}",
+            "target.credential",
+            "env:NAME or file:PATH",
+        ),
+        (
+            "{kind: rest, url: 'https://b.example.com', capacity: 0}",
+            "target.capacity",
+            "greater than or equal to 1",
+        ),
+        (
+            "{kind: rest, url: 'https://b.example.com', rows_per_child: 0}",
+            "target.rows_per_child",
+            "greater than or equal to 1",
+        ),
+        ("{kind: rest, url: 'https://b.example.com', tokn: x}", "target.tokn", "remove it"),
+        (
+            "{kind: rest, url: 'https://b.example.com', request_timeout_seconds: 30, "
+            "submit_lease_seconds: 20}",
+            "target",
+            "submit_lease_seconds must exceed",
+        ),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, target, field, words):
+    """Every mistake in a rest target is DPONE_CONFIG_INVALID naming the field."""
+    (tmp_path / "w.yaml").write_text(
+        f"workload: w\nrelease: r\ndeployment: d\nsource: {{kind: csv, path: a.csv}}\n"
+        f"target: {target}\n"
+    )
+    with pytest.raises(ConfigInvalid) as caught:
+        load_workload(tmp_path / "w.yaml")
+    assert caught.value.field == field, caught.value.message
+    assert words in caught.value.message
+
+
+def test_config_errors_at_run_time(tmp_path, monkeypatch):
+    """load.strategy other than append; url_env unset or not a URL; audits; run()."""
+    base = "workload: w\nrelease: r\ndeployment: d\nsource: {kind: csv, path: a.csv}\n"
+    (tmp_path / "a.yaml").write_text(
+        base + "target: {kind: rest, url: 'https://b.example.com'}\n"
+        "load: {strategy: merge, key: [id]}\n"
+    )
+    with pytest.raises(ConfigInvalid, match="load.strategy append"):
+        load_workload(tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text(
+        base + "target: {kind: rest, url: 'https://b.example.com'}\naudits: {min_rows: 1}\n"
+    )
+    with pytest.raises(ConfigInvalid, match="audits run inside"):
+        load_workload(tmp_path / "b.yaml")
+    (tmp_path / "c.yaml").write_text(
+        base + "journal: sqlite:///j.db\ntarget: {kind: rest, url_env: DPONE_TEST_RECV}\n"
+    )
+    monkeypatch.delenv("DPONE_TEST_RECV", raising=False)
+    with pytest.raises(ConfigInvalid) as caught:
+        Runner(tmp_path / "c.yaml")
+    assert caught.value.field == "target.url_env"
+    monkeypatch.setenv("DPONE_TEST_RECV", "https://user:secret-pw@b.example.com")
+    with pytest.raises(ConfigInvalid) as caught:
+        Runner(tmp_path / "c.yaml")
+    assert caught.value.field == "target.url_env"
+    assert "secret-pw" not in str(caught.value.attrs())
+    monkeypatch.setenv("DPONE_TEST_RECV", "https://b.example.com/api/")
+    with Runner(tmp_path / "c.yaml") as runner:
+        assert runner._rest.receiver_identity == "rest:https://b.example.com/api"
+        with pytest.raises(ConfigInvalid, match="Runner.deliver"):
+            runner.run(interval=DAY1)
+
+
+def test_cli_run_pending_then_delivery_resume_completes(receiver, tmp_path):
+    """`dpone run --json` -> pending (exit 0); status; `dpone delivery resume -w` ->
+    completed and the checkpoint promoted; `dpone run` again -> completed, replayed."""
+    receiver.set_faults(job_duration_s=0.3)
+    workload = _workload(tmp_path, receiver.url)
+    env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            dpone_cmd(*args),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    first = cli("run", str(workload), "--interval", DAY1, "--json")
+    assert first.returncode == 0, first.stderr
+    body = json.loads(first.stdout)
+    assert body["outcome"] == "pending"
+    op = body["operation_id"]
+    status = cli("delivery", "status", "-w", str(workload), "--operation-id", op, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "ACCEPTED"
+    time.sleep(0.35)
+    resumed = cli("delivery", "resume", "-w", str(workload), "--operation-id", op, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["outcome"] == "completed"
+    assert _checkpoint(tmp_path / "journal.db")[0] == DAY2_START_US
+    again = cli("run", str(workload), "--interval", DAY1)
+    assert again.returncode == 0, again.stderr
+    assert "outcome: completed" in again.stdout and "replayed: True" in again.stdout
+    assert receiver.jobs_created(op) == 1
+    outputs = first.stdout + first.stderr + resumed.stdout + again.stdout + status.stdout
+    assert RECEIVER_TOKEN not in outputs
+    with open(tmp_path / "journal.db", "rb") as fh:
+        assert RECEIVER_TOKEN.encode() not in fh.read()
+
+
+def test_postgres_control_plane_and_journal(receiver, tmp_path, pg_available, pg_schema):
+    """The same delivery with the journal and control plane in PostgreSQL."""
+    from dpone.adapters.journal.postgres import PostgresCommitJournal
+
+    receiver.set_faults(job_duration_s=0.1)
+    path = _workload(tmp_path, receiver.url, journal=pg_available)
+    path.write_text(path.read_text() + f"journal_schema: {pg_schema}\n")
+    with Runner(path) as runner:
+        result = runner.deliver(interval=DAY1, poll_budget_s=10)
+        assert isinstance(result, DeliveryCompleted)
+        replay = runner.resume_delivery(result.operation_id)
+        assert isinstance(replay, DeliveryCompleted) and replay.replayed
+    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
+    try:
+        [checkpoint] = journal.list_checkpoints()
+        assert (checkpoint.watermark, checkpoint.operation_id) == (
+            DAY2_START_US,
+            result.operation_id,
+        )
+        [run] = journal.list_runs()
+        assert run.state.value == "COMPLETE"
+    finally:
+        journal.close()
+    assert receiver.jobs_created(result.operation_id) == 1
