@@ -102,8 +102,10 @@ def test_deliver_pending_then_resume_promotes_the_checkpoint_once(receiver, tmp_
         assert [r[:3] for r in rows] == [(op, DAY2_START_US - 86_400_000_000, DAY2_START_US)]
         again = runner.resume_delivery(op)
         replay = runner.deliver(interval=DAY1)
-        assert isinstance(again, DeliveryCompleted) and again.replayed
-        assert isinstance(replay, DeliveryCompleted) and replay.operation_id == op
+        assert isinstance(again, DeliveryCompleted)
+        assert again.replayed
+        assert isinstance(replay, DeliveryCompleted)
+        assert (replay.operation_id, replay.replayed) == (op, True)
         assert _checkpoint(tmp_path / "journal.db")[2] == rows  # same row, same time
         ledger = runner._rest.journal  # the journal keeps the run ledger
         [run] = ledger.list_runs()
@@ -127,7 +129,7 @@ def test_payload_is_materialized_deterministically(receiver, tmp_path):
     workload = load_workload(_workload(tmp_path, receiver.url))
     make = payload_materializer(workload, window=parse_interval(DAY1), partition=None)
     one, two = make(), make()
-    assert one.digest == two.digest and one.path == two.path and one.rows == 25
+    assert (one.digest, one.path, one.rows) == (two.digest, two.path, 25)
     first = Path(one.path).read_text(encoding="utf-8").splitlines()[0]
     assert json.loads(first) == {"id": "0", "name": "name-0"}
     assert len(list(Path(one.path).parent.glob(".materialize-*"))) == 0
@@ -151,11 +153,13 @@ def test_split_delivery_next_intervals_and_contiguity(receiver, tmp_path):
     path.write_text(text)
     with Runner(path) as runner:
         later = runner.deliver(interval=DAY2, poll_budget_s=20)
-        assert isinstance(later, DeliveryCompleted) and later.rows == 20
+        assert isinstance(later, DeliveryCompleted)
+        assert later.rows == 20
         watermark, pending, _ = _checkpoint(tmp_path / "journal.db")
         assert (watermark, pending) == (1_793_491_200_000_000, 1)  # the gap: day 1
         first = runner.deliver(poll_budget_s=20)  # the next interval: day 1
-        assert isinstance(first, DeliveryCompleted) and first.rows == 20
+        assert isinstance(first, DeliveryCompleted)
+        assert first.rows == 20
         watermark, pending, rows = _checkpoint(tmp_path / "journal.db")
         assert (watermark, pending) == (DAY3_START_US, 0)
         assert [r[0] for r in rows] == [first.operation_id, later.operation_id]
@@ -236,7 +240,7 @@ def test_config_errors_at_run_time(tmp_path, monkeypatch):
         base + "target: {kind: rest, url: 'https://b.example.com'}\n"
         "load: {strategy: merge, key: [id]}\n"
     )
-    with pytest.raises(ConfigInvalid, match="load.strategy append"):
+    with pytest.raises(ConfigInvalid, match=r"load\.strategy append"):
         load_workload(tmp_path / "a.yaml")
     (tmp_path / "b.yaml").write_text(
         base + "target: {kind: rest, url: 'https://b.example.com'}\naudits: {min_rows: 1}\n"
@@ -258,7 +262,7 @@ def test_config_errors_at_run_time(tmp_path, monkeypatch):
     monkeypatch.setenv("DPONE_TEST_RECV", "https://b.example.com/api/")
     with Runner(tmp_path / "c.yaml") as runner:
         assert runner._rest.receiver_identity == "rest:https://b.example.com/api"
-        with pytest.raises(ConfigInvalid, match="Runner.deliver"):
+        with pytest.raises(ConfigInvalid, match=r"Runner\.deliver"):
             runner.run(interval=DAY1)
 
 
@@ -295,7 +299,8 @@ def test_cli_run_pending_then_delivery_resume_completes(receiver, tmp_path):
     assert _checkpoint(tmp_path / "journal.db")[0] == DAY2_START_US
     again = cli("run", str(workload), "--interval", DAY1)
     assert again.returncode == 0, again.stderr
-    assert "outcome: completed" in again.stdout and "replayed: True" in again.stdout
+    assert "outcome: completed" in again.stdout
+    assert "replayed: True" in again.stdout
     assert receiver.jobs_created(op) == 1
     outputs = first.stdout + first.stderr + resumed.stdout + again.stdout + status.stdout
     assert RECEIVER_TOKEN not in outputs
@@ -314,7 +319,8 @@ def test_postgres_control_plane_and_journal(receiver, tmp_path, pg_available, pg
         result = runner.deliver(interval=DAY1, poll_budget_s=10)
         assert isinstance(result, DeliveryCompleted)
         replay = runner.resume_delivery(result.operation_id)
-        assert isinstance(replay, DeliveryCompleted) and replay.replayed
+        assert isinstance(replay, DeliveryCompleted)
+        assert replay.replayed
     journal = PostgresCommitJournal(pg_available, schema=pg_schema)
     try:
         [checkpoint] = journal.list_checkpoints()
