@@ -1,0 +1,314 @@
+"""SIGKILL of `dpone run` on a REST workload, and of the receiver; reruns finish it once.
+
+Real processes (`python -m dpone run|delivery resume`), the reference receiver in its
+own process, real SQLite (and one PostgreSQL) journals and control planes. After the
+reruns: exactly one remote job per delivery (the receiver's own count), COMPLETE
+once, the workload's checkpoint promoted once (one recorded interval, the watermark
+at the interval's end), the run ledger COMPLETE with the killed attempts superseded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
+from dpone.adapters.journal.sqlite import SqliteCommitJournal
+from dpone.contracts.delivery import DeliveryState
+from dpone.testing.crash import dpone_cmd
+from tests.fixtures.receiver import RECEIVER_TOKEN
+
+pytestmark = pytest.mark.crash
+
+KILLED = -9
+DAY1 = "2026-11-01T00:00:00Z/2026-11-02T00:00:00Z"
+DAY1_US = (1_793_491_200_000_000, 1_793_577_600_000_000)
+WORKLOAD = """\
+workload: orders
+release: "r-{release}"
+deployment: crash
+journal: "{journal}"
+journal_schema: {schema}
+source: {{kind: csv, path: orders.csv}}
+target:
+  kind: rest
+  url: "{url}"
+  credential: env:DPONE_TEST_RECEIVER_TOKEN
+  capacity: 3
+  poll_interval_seconds: 0.1
+  wait_budget_seconds: 5
+  request_timeout_seconds: 0.5
+  submit_lease_seconds: 0.8
+{extra}incremental: {{start: "2026-11-01T00:00:00Z", max_interval_seconds: 86400}}
+"""
+
+
+def _setup(
+    root: Path,
+    url: str,
+    *,
+    extra: str = "",
+    journal: str = "sqlite:///journal.db",
+    schema: str = "dpone",
+) -> Path:
+    (root / "orders.csv").write_text(
+        "id,amount\n" + "".join(f"{i},{i * 3}.5\n" for i in range(25)), encoding="utf-8"
+    )
+    path = root / "w.yaml"
+    path.write_text(
+        WORKLOAD.format(release=root.name, journal=journal, schema=schema, url=url, extra=extra),
+        encoding="utf-8",
+    )
+    return path
+
+
+def _dpone(root: Path, *args: str, failpoints: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_FAILPOINTS"}
+    env["DPONE_TEST_RECEIVER_TOKEN"] = RECEIVER_TOKEN
+    if failpoints:
+        env["DPONE_FAILPOINTS"] = failpoints
+    return subprocess.run(
+        dpone_cmd(*args),
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def _run_args(root: Path) -> list[str]:
+    return ["run", str(root / "w.yaml"), "--interval", DAY1, "--poll-budget", "15", "--json"]
+
+
+def _until_completed(root: Path, args: list[str]) -> dict:
+    """Rerun without failpoints until the delivery is completed (lease held: wait, again)."""
+    for _ in range(12):
+        done = _dpone(root, *args)
+        if done.returncode == 0:
+            body = json.loads(done.stdout)
+            if body["outcome"] == "completed":
+                assert RECEIVER_TOKEN not in done.stdout + done.stderr
+                return body
+        else:
+            # 5: a dead worker's submit lease has not expired yet; 75: retry later
+            assert done.returncode in (5, 75), (done.returncode, done.stdout, done.stderr[-2000:])
+        time.sleep(0.3)
+    raise AssertionError("the delivery did not complete after 12 reruns")
+
+
+def _operation(root: Path) -> str:
+    with closing(sqlite3.connect(root / "journal.db")) as conn:
+        row = conn.execute(
+            "SELECT coalesce(parent_id, operation_id) FROM dpone_delivery LIMIT 1"
+        ).fetchone()
+    assert row is not None, "nothing was recorded before the kill"
+    return str(row[0])
+
+
+def _intervals(root: Path) -> list[tuple]:
+    with closing(sqlite3.connect(root / "journal.db")) as conn:
+        return conn.execute(
+            "SELECT operation_id, start_us, end_us, completed_at FROM dpone_checkpoint_intervals"
+        ).fetchall()
+
+
+def _check_sqlite(root: Path, receiver, op: str) -> None:
+    """One job per delivery, COMPLETE once, capacity free, checkpoint once, ledger COMPLETE."""
+    store = SqliteDeliveryStore(root / "journal.db")
+    try:
+        record = store.get(op)
+        records = [record] if record is not None else store.children(op)
+        assert records
+        for one in records:
+            assert one.state is DeliveryState.COMPLETE
+            assert receiver.jobs_created(one.operation_id) == 1
+            moves = [h["to_state"] for h in store.history(one.operation_id)]
+            assert moves.count("COMPLETE") == 1
+            assert store.active_reservations(one.receiver) == 0
+    finally:
+        store.close()
+    [(promoted_by, start, end, _)] = _intervals(root)
+    assert (promoted_by, start, end) == (op, *DAY1_US)
+    journal = SqliteCommitJournal(root / "journal.db")
+    try:
+        [checkpoint] = journal.list_checkpoints()
+        assert (checkpoint.watermark, checkpoint.operation_id) == (DAY1_US[1], op)
+        [run] = journal.list_runs()
+        assert (run.operation_id, run.state.value) == (op, "COMPLETE")
+        attempts = journal.attempts(run.run_id)
+        assert [a.attempt for a in attempts] == list(range(1, len(attempts) + 1))
+        assert attempts[-1].state.value == "COMPLETE"
+        assert {a.state.value for a in attempts[:-1]} <= {"SUPERSEDED"}
+        assert len(attempts) >= 2  # the killed attempt, superseded by a rerun
+    finally:
+        journal.close()
+
+
+@pytest.mark.parametrize(
+    ("point", "rerun"),
+    [
+        ("before:delivery.submit", "run"),  # before the submit
+        ("after:delivery.submit", "run"),  # 202 answered, the receipt not durable
+        ("before:delivery.observe", "resume"),  # during polling
+        ("before:delivery.promote", "resume"),  # terminal success durable, no checkpoint
+        ("before:delivery.COMPLETE", "run"),  # checkpoint promoted, COMPLETE not written
+    ],
+)
+def test_sigkill_dpone_run_then_rerun(receiver, tmp_path, point, rerun):
+    """Killed at POINT, rerun (`dpone run` or `dpone delivery resume`): one job, COMPLETE
+    once, the checkpoint promoted once, the run ledger consistent."""
+    receiver.set_faults(job_duration_s=0.3)
+    _setup(tmp_path, receiver.url)
+    killed = _dpone(tmp_path, *_run_args(tmp_path), failpoints=f"{point}=kill")
+    assert killed.returncode == KILLED, (killed.stdout, killed.stderr[-2000:])
+    op = _operation(tmp_path)
+    before = _intervals(tmp_path)
+    if point == "before:delivery.COMPLETE":
+        assert len(before) == 1  # promoted before the kill; the rerun must not add one
+    else:
+        assert before == []  # never promoted before verified success
+    if rerun == "run":
+        body = _until_completed(tmp_path, _run_args(tmp_path))
+    else:
+        time.sleep(0.3)  # let the job end at the receiver
+        body = _until_completed(
+            tmp_path,
+            [
+                "delivery",
+                "resume",
+                "-w",
+                str(tmp_path / "w.yaml"),
+                "--operation-id",
+                op,
+                "--poll-budget",
+                "15",
+                "--json",
+            ],
+        )
+    assert body["operation_id"] == op
+    _check_sqlite(tmp_path, receiver, op)
+    if before:
+        assert _intervals(tmp_path) == before  # the repeated absolute write changed nothing
+    replay = _dpone(tmp_path, *_run_args(tmp_path))
+    assert json.loads(replay.stdout)["replayed"] is True
+    _check_sqlite(tmp_path, receiver, op)
+
+
+def test_sigkill_inside_a_split_delivery_then_rerun(receiver, tmp_path):
+    """Killed at child 1's submit (of 3), rerun: one job per child, one promotion."""
+    receiver.set_faults(job_duration_s=0.1)
+    _setup(tmp_path, receiver.url, extra="  rows_per_child: 10\n")
+    killed = _dpone(tmp_path, *_run_args(tmp_path), failpoints="after:delivery.submit=kill@2")
+    assert killed.returncode == KILLED, (killed.stdout, killed.stderr[-2000:])
+    op = _operation(tmp_path)
+    assert _intervals(tmp_path) == []
+    body = _until_completed(tmp_path, _run_args(tmp_path))
+    assert (body["operation_id"], body["rows"]) == (op, 25)
+    store = SqliteDeliveryStore(tmp_path / "journal.db")
+    try:
+        assert [c.payload.rows for c in store.children(op)] == [10, 10, 5]
+    finally:
+        store.close()
+    _check_sqlite(tmp_path, receiver, op)
+
+
+def test_receiver_sigkill_and_restart_while_dpone_run_polls(receiver, tmp_path):
+    """The receiver dies mid-job and restarts: the polling `dpone run` completes; one job,
+    one promotion."""
+    receiver.set_faults(job_duration_s=1.0)
+    _setup(tmp_path, receiver.url)
+    env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
+    env.pop("DPONE_FAILPOINTS", None)
+    worker = subprocess.Popen(
+        dpone_cmd(*_run_args(tmp_path)[:-2], "30", "--json"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    receipt = None
+    while receipt is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            with closing(sqlite3.connect(tmp_path / "journal.db")) as conn:
+                row = conn.execute("SELECT receipt FROM dpone_delivery").fetchone()
+            receipt = row[0] if row else None
+        except sqlite3.Error:
+            pass  # the tables are not there yet
+    assert receipt is not None
+    receiver.kill()
+    time.sleep(0.3)
+    receiver.start()
+    out, err = worker.communicate(timeout=90)
+    assert worker.returncode == 0, (out, err[-2000:])
+    assert json.loads(out)["outcome"] == "completed"
+    _check_one_attempt_sqlite(tmp_path, receiver)
+
+
+def _check_one_attempt_sqlite(root: Path, receiver) -> None:
+    op = _operation(root)
+    assert receiver.jobs_created(op) == 1
+    [(promoted_by, start, end, _)] = _intervals(root)
+    assert (promoted_by, start, end) == (op, *DAY1_US)
+    journal = SqliteCommitJournal(root / "journal.db")
+    try:
+        [run] = journal.list_runs()
+        assert run.state.value == "COMPLETE"
+    finally:
+        journal.close()
+
+
+def test_sigkill_on_the_postgres_control_plane_then_rerun(
+    receiver, tmp_path, pg_available, pg_schema
+):
+    """The riskiest point (202 answered, receipt not durable) with journal, control plane
+    and checkpoint in PostgreSQL: one job, COMPLETE once, checkpoint once, ledger."""
+    from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+    from dpone.adapters.journal.postgres import PostgresCommitJournal
+
+    receiver.set_faults(job_duration_s=0.2)
+    _setup(tmp_path, receiver.url, journal=pg_available, schema=pg_schema)
+    killed = _dpone(tmp_path, *_run_args(tmp_path), failpoints="after:delivery.submit=kill")
+    assert killed.returncode == KILLED, (killed.stdout, killed.stderr[-2000:])
+    body = _until_completed(tmp_path, _run_args(tmp_path))
+    op = body["operation_id"]
+    assert receiver.jobs_created(op) == 1
+    store = PostgresDeliveryStore(pg_available, schema=pg_schema)
+    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
+    try:
+        record = store.get(op)
+        assert record.state is DeliveryState.COMPLETE
+        assert [h["to_state"] for h in store.history(op)].count("COMPLETE") == 1
+        assert store.active_reservations(record.receiver) == 0
+        [checkpoint] = journal.list_checkpoints()
+        assert (checkpoint.watermark, checkpoint.operation_id, checkpoint.pending) == (
+            DAY1_US[1],
+            op,
+            0,
+        )
+        [run] = journal.list_runs()
+        assert run.state.value == "COMPLETE"
+        attempts = journal.attempts(run.run_id)
+        assert [a.state.value for a in attempts][-1] == "COMPLETE"
+        assert len(attempts) >= 2
+    finally:
+        store.close()
+        journal.close()
+    import psycopg
+
+    with psycopg.connect(pg_available) as conn:
+        rows = conn.execute(
+            f'SELECT operation_id FROM "{pg_schema}".dpone_checkpoint_intervals'
+        ).fetchall()
+    assert rows == [(op,)]
