@@ -333,3 +333,18 @@ def test_postgres_control_plane_and_journal(receiver, tmp_path, pg_available, pg
     finally:
         journal.close()
     assert receiver.jobs_created(result.operation_id) == 1
+
+
+def test_an_empty_interval_of_a_split_workload_is_one_empty_job(receiver, tmp_path):
+    """No rows in the interval: one empty job (nothing to split), checkpoint promoted."""
+    receiver.set_faults(job_duration_s=0.05)
+    path = _workload(tmp_path, receiver.url, extra="  rows_per_child: 10\n")
+    (tmp_path / "orders.csv").write_text("id,name\n", encoding="utf-8")
+    with Runner(path) as runner:
+        result = runner.deliver(interval=DAY1, poll_budget_s=10)
+        assert isinstance(result, DeliveryCompleted)
+        assert result.rows == 0
+        replay = runner.deliver(interval=DAY1)
+        assert replay.replayed
+    assert receiver.jobs_created(result.operation_id) == 1
+    assert _checkpoint(tmp_path / "journal.db")[0] == DAY2_START_US

@@ -358,23 +358,30 @@ class WorkloadDeliveryService:
         payload: Callable[[], PayloadRef],
     ) -> DeliveryResult:
         op = spec.operation_id
-        if spec.rows_per_child:
+        staged: PayloadRef | None = record.payload if record is not None else None
+        split = spec.rows_per_child
+        if split and record is None and not children:
+            staged = payload()
+            if staged.rows == 0:
+                split = None  # an empty interval: one empty job, nothing to split
+        elif split and record is not None and record.payload.rows == 0:
+            split = None  # recorded as the empty interval's single job
+        if split:
             if record is not None:
                 raise self._shape_conflict(op, "a single job", "split into children")
             intent = parent_intent_digest(
                 pack_fingerprint=spec.pack_fingerprint,
                 receiver=spec.receiver_identity,
-                rows_per_child=spec.rows_per_child,
+                rows_per_child=split,
                 chunk_bytes=spec.chunk_bytes,
             )
             # recorded children carry their payloads; the parent's is needed only to split
-            staged = children[0].payload if children else payload()
             return processor.deliver_parent(
                 ParentDeliveryRequest(
                     operation_id=op,
                     intent_digest=intent,
-                    payload=staged,
-                    rows_per_child=spec.rows_per_child,
+                    payload=staged or children[0].payload,
+                    rows_per_child=split,
                     receiver_url=spec.receiver_url,
                     credential_ref=spec.credential_ref,
                     capacity_limit=spec.capacity_limit,
@@ -382,7 +389,8 @@ class WorkloadDeliveryService:
             )
         if children:
             raise self._shape_conflict(op, "split into children", "a single job")
-        staged = record.payload if record is not None else payload()
+        if staged is None:
+            staged = payload()
         intent = delivery_intent_digest(
             payload=staged, receiver=spec.receiver_identity, pack_fingerprint=spec.pack_fingerprint
         )
