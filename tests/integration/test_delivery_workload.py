@@ -291,12 +291,18 @@ def test_cli_run_pending_then_delivery_resume_completes(receiver, tmp_path):
     op = body["operation_id"]
     status = cli("delivery", "status", "-w", str(workload), "--operation-id", op, "--json")
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout)["state"] == "ACCEPTED"
+    seen = json.loads(status.stdout)
+    assert seen["state"] == "ACCEPTED"
+    assert seen["checkpoint"]["promotes_interval"] == DAY1
+    assert seen["checkpoint"]["watermark_covers_interval"] is False
     time.sleep(0.35)
     resumed = cli("delivery", "resume", "-w", str(workload), "--operation-id", op, "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["outcome"] == "completed"
     assert _checkpoint(tmp_path / "journal.db")[0] == DAY2_START_US
+    status = cli("delivery", "status", "-w", str(workload), "--operation-id", op, "--json")
+    seen = json.loads(status.stdout)
+    assert (seen["state"], seen["checkpoint"]["watermark_covers_interval"]) == ("COMPLETE", True)
     again = cli("run", str(workload), "--interval", DAY1)
     assert again.returncode == 0, again.stderr
     assert "outcome: completed" in again.stdout

@@ -155,9 +155,12 @@ def status(
                     "no delivery is recorded for this operation id", operation_id=operation_id
                 )
             if record is None:
-                _print(_parent_json(operation_id, children), as_json=as_json)
+                payload = _parent_json(operation_id, children)
+                payload["checkpoint"] = _checkpoint_json(url, base, schema, operation_id)
+                _print(payload, as_json=as_json)
                 return
             payload = _record_json(record)
+            payload["checkpoint"] = _checkpoint_json(url, base, schema, operation_id)
             payload["capacity_held_at_receiver"] = store.active_reservations(record.receiver)
             payload["attempt_log"] = store.attempts(operation_id)
             payload["observations"] = [
@@ -171,6 +174,32 @@ def status(
         finally:
             store.close()
         _print(payload, as_json=as_json)
+
+
+def _checkpoint_json(url: str, base: Path, schema: str, operation_id: str) -> Any:
+    """What the delivery promotes and where its stream stands (None: it promotes nothing)."""
+    from dpone.config.bootstrap import open_journal
+    from dpone.contracts.checkpoint import from_micros
+    from dpone.contracts.identity import Interval
+
+    journal = open_journal(url, base_dir=base, schema=schema, read_only=True)
+    try:
+        bound = getattr(journal, "delivery_checkpoint", None)
+        advance = bound(operation_id) if callable(bound) else None
+        if advance is None:
+            return None
+        current = journal.get_checkpoint(advance.stream_id)  # type: ignore[attr-defined]
+    finally:
+        journal.close()
+    window = Interval(start=from_micros(advance.start), end=from_micros(advance.end))
+    view = current.as_dict() if current is not None else {}
+    return {
+        "promotes_interval": window.canonical(),
+        "stream_id": advance.stream_id,
+        "watermark": view.get("watermark"),
+        "pending_intervals": view.get("pending_intervals"),
+        "watermark_covers_interval": current is not None and current.watermark >= advance.end,
+    }
 
 
 @delivery_app.command("send")

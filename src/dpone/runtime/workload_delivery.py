@@ -254,6 +254,7 @@ class WorkloadDeliveryService:
         children = self._store.children(op) if record is None else []
         if self._complete(record, children):
             return self._replayed(op, run, record, children)
+        self._refuse_live_submitter(record, children)
         attempt = self._begin_attempt(run, provenance)
         try:
             if spec.checkpoint is not None and self._checkpoints is not None:
@@ -302,6 +303,7 @@ class WorkloadDeliveryService:
             )
         if self._complete(record, children):
             return self._replayed(operation_id, run, record, children)
+        self._refuse_live_submitter(record, children)
         attempt = self._begin_attempt(run, provenance)
         try:
             processor = self._processor(poll_budget_s)
@@ -414,6 +416,26 @@ class WorkloadDeliveryService:
             recovery_ref=delivery_recovery_ref(op),
             hint="restore target.rows_per_child, or deliver under a new release or interval",
         )
+
+    def _refuse_live_submitter(
+        self, record: DeliveryRecord | None, children: list[DeliveryRecord]
+    ) -> None:
+        """Another live process is submitting: refuse before an attempt is recorded.
+
+        The processor refuses it too; checking first keeps the run ledger's attempts to
+        calls that did work (a refused call must not supersede the live attempt).
+        """
+        now = self._store.now()
+        for one in [record] if record is not None else children:
+            live = one.lease_expires_at is not None and one.lease_expires_at > now
+            if one.state is DeliveryState.SUBMITTING and live:
+                raise LeaseHeld(
+                    "another process is submitting this delivery right now",
+                    operation_id=one.operation_id,
+                    state=one.state.value,
+                    lease_owner=one.lease_owner,
+                    lease_expires_in=(one.lease_expires_at or now) - now,
+                )
 
     @staticmethod
     def _complete(record: DeliveryRecord | None, children: list[DeliveryRecord]) -> bool:

@@ -244,8 +244,13 @@ def bound(cur: Any, d: Dialect, operation_id: str) -> CheckpointAdvance | None:
     return _bound_row(cur, d, operation_id)
 
 
-def interval_recorded(cur: Any, d: Dialect, advance: CheckpointAdvance) -> bool:
-    """True when the advance's interval is already recorded as complete for its stream."""
+def interval_recorded(cur: Any, d: Dialect, advance: CheckpointAdvance, *, at: float) -> bool:
+    """True when the advance's interval is already recorded as complete for its stream.
+
+    Creates and locks the stream's row first, so two promoters of one stream are
+    serialized here and the second sees the first's committed interval.
+    """
+    _ensure(cur, d, advance, at)
     row = cur.execute(
         d.sql(
             "SELECT 1 FROM {p}dpone_checkpoint_intervals "

@@ -979,7 +979,10 @@ class PostgresCommitJournal:
 
         def read(conn: _Conn) -> CheckpointAdvance | None:
             with conn.transaction(), conn.cursor() as cur:
-                _checkpoint_sql.ensure_bindings(cur, dialect)
+                table = dialect.prefix + "dpone_checkpoint_bindings"
+                row = cur.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+                if row is None or row[0] is None:
+                    return None  # no delivery has bound a checkpoint yet
                 return _checkpoint_sql.bound(cur, dialect, operation_id)
 
         return self._run("read a delivery's checkpoint", read, repeatable=True)
@@ -993,10 +996,8 @@ class PostgresCommitJournal:
 
         def write(conn: _Conn) -> bool:
             with conn.transaction(), conn.cursor() as cur:
-                if _checkpoint_sql.interval_recorded(cur, dialect, checkpoint):
+                if _checkpoint_sql.interval_recorded(cur, dialect, checkpoint, at=_pg_now(cur)):
                     return False
-                # promote locks the stream's row; a concurrent promoter of the same
-                # interval then inserts nothing (ON CONFLICT DO NOTHING): absolute
                 _checkpoint_sql.promote(
                     cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
                 )

@@ -681,9 +681,16 @@ class SqliteCommitJournal:
 
     def delivery_checkpoint(self, operation_id: str) -> CheckpointAdvance | None:
         """Return what a delivery promotes, or None when it promotes nothing."""
-        with self._guard(), self._write() as cur:
-            _checkpoint_sql.ensure_bindings(cur, _CHECKPOINTS)
-            return _checkpoint_sql.bound(cur, _CHECKPOINTS, operation_id)
+        if self._missing:
+            return None
+        with self._guard():
+            cur = self._connection().cursor()
+            cur.row_factory = None
+            exists = cur.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                "AND name = 'dpone_checkpoint_bindings'"
+            ).fetchone()
+            return _checkpoint_sql.bound(cur, _CHECKPOINTS, operation_id) if exists else None
 
     def promote_delivered(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
         """Absolute checkpoint write for a delivery whose remote success is verified.
@@ -692,7 +699,7 @@ class SqliteCommitJournal:
         nothing changes).
         """
         with self._guard(), self._write() as cur:
-            if _checkpoint_sql.interval_recorded(cur, _CHECKPOINTS, checkpoint):
+            if _checkpoint_sql.interval_recorded(cur, _CHECKPOINTS, checkpoint, at=_now(cur)):
                 return False
             _checkpoint_sql.promote(
                 cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
