@@ -234,9 +234,7 @@ def bind(
             at,
         ),
     )
-    recorded = _bound_row(cur, d, operation_id)
-    assert recorded is not None  # noqa: S101 - inserted or present in this transaction
-    return recorded
+    return _bound_row(cur, d, operation_id) or advance  # inserted or present: never None
 
 
 def bound(cur: Any, d: Dialect, operation_id: str) -> CheckpointAdvance | None:
