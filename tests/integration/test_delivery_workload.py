@@ -25,6 +25,7 @@ from dpone.contracts.delivery import (
     DeliveryPending,
     DeliveryState,
 )
+from dpone.contracts.identity import derive_operation_id, parse_interval
 from dpone.errors import ConfigInvalid, IntentConflict, RecoveryRefused
 from dpone.testing.crash import dpone_cmd
 from tests.fixtures.receiver import RECEIVER_TOKEN
@@ -89,6 +90,17 @@ def test_deliver_pending_then_resume_promotes_the_checkpoint_once(receiver, tmp_
         first = runner.deliver(interval=DAY1)
         assert isinstance(first, DeliveryPending)
         op = first.operation_id
+        # the same identity builder as relational runs; the receiver URL is the target
+        assert op == derive_operation_id(
+            release_id=f"r-{tmp_path.name}",
+            deployment_id="test",
+            dag_id="-",
+            dag_run_logical_identity="-",
+            workload_id="orders",
+            mapped_partition_identity="-",
+            canonical_interval=parse_interval(DAY1),
+            canonical_target_identity=f"rest:{receiver.url}",
+        )
         # not promoted while the job is pending
         with closing(sqlite3.connect(tmp_path / "journal.db")) as conn:
             assert conn.execute("SELECT count(*) FROM dpone_checkpoint_intervals").fetchone() == (
@@ -124,7 +136,6 @@ def test_deliver_pending_then_resume_promotes_the_checkpoint_once(receiver, tmp_
 def test_payload_is_materialized_deterministically(receiver, tmp_path):
     """The same source and interval give the same staged payload digest (the authority)."""
     from dpone.config.delivery import payload_materializer
-    from dpone.contracts.identity import parse_interval
 
     workload = load_workload(_workload(tmp_path, receiver.url))
     make = payload_materializer(workload, window=parse_interval(DAY1), partition=None)
