@@ -126,11 +126,13 @@ class ObservationBounds:
                 "lease between its own polls",
                 field="lease_s",
             )
-        if not 0.1 <= self.request_timeout_s < self.lease_s:
-            raise ConfigInvalid(
-                "request_timeout_s must be at least 0.1 and below lease_s",
-                field="request_timeout_s",
-            )
+        if self.request_timeout_s < 0.1:
+            raise ConfigInvalid("request_timeout_s must be at least 0.1", field="request_timeout_s")
+
+    @property
+    def timeout_s(self) -> float:
+        """The GET timeout: at most half the lease, so a slow answer cannot outlive it."""
+        return min(self.request_timeout_s, self.lease_s / 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +337,7 @@ async def observe_once_woken(
                 field="journal",
             )
         async with httpx.AsyncClient(
-            timeout=httpx.Timeout(bounds.request_timeout_s),
+            timeout=httpx.Timeout(bounds.timeout_s),
             follow_redirects=False,
             trust_env=False,
         ) as client:
