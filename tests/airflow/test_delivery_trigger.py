@@ -44,14 +44,16 @@ def _close_processors():
         _OPEN.pop().close()
 
 
-def rest_workload(folder: Path, receiver_url: str, *, rows: int = 5) -> Path:
+def rest_workload(
+    folder: Path, receiver_url: str, *, rows: int = 5, name: str = "orders_rest"
+) -> Path:
     """An (interim) REST delivery workload file with its JSON-lines source."""
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / "orders.jsonl"
     source.write_text("".join(f'{{"id": {i}}}\n' for i in range(rows)))
-    path = folder / "orders_rest.yaml"
+    path = folder / f"{name}.yaml"
     path.write_text(
-        "workload: orders_rest\n"
+        f"workload: {name}\n"
         'release: "r1"\n'
         "deployment: test\n"
         f"journal: sqlite:///{folder / 'journal.db'}\n"
@@ -145,8 +147,9 @@ def test_two_triggers_one_lease_no_mutation_and_a_promotion_once(
 def _version(db: Path, op: str) -> int:
     with sqlite3.connect(db) as conn:
         return int(
-            conn.execute("SELECT version FROM dpone_delivery WHERE operation_id = ?", (op,))
-            .fetchone()[0]
+            conn.execute(
+                "SELECT version FROM dpone_delivery WHERE operation_id = ?", (op,)
+            ).fetchone()[0]
         )
 
 
