@@ -377,3 +377,41 @@ def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
             f"{run['killed']['at']:.1f}s"
         )
     assert receiver.stats()["jobs_total"] - before == len(airflows)  # one remote job each
+
+
+PARSE_DAG = """
+from datetime import datetime, timezone
+
+from dpone.airflow import DponeDeliveryOperator
+from dpone.airflow.compat import DAG
+
+dag = DAG("parse_only", schedule=None, start_date=datetime(2026, 11, 1, tzinfo=timezone.utc))
+with dag:
+    DponeDeliveryOperator(task_id="deliver", workload="/nonexistent/orders_rest.yaml")
+"""
+
+
+def test_parsing_a_delivery_dag_does_no_io_and_airflow_lists_the_trigger(
+    airflows: dict[str, Airflow], tmp_path: Path
+) -> None:
+    """The operator's DAG parses with the network shut; ``providers triggers`` shows ours."""
+    from tests.airflow.test_parse_and_provider import PROBE as PARSE_PROBE
+
+    def run(af: Airflow) -> tuple[dict[str, Any], str]:
+        work = tmp_path / af.label
+        work.mkdir()
+        dag_file = work / "delivery_dag.py"
+        dag_file.write_text(PARSE_DAG)
+        home = af.home(work)
+        env = af.env(home, work)
+        parsed = af.run(["python", str(PARSE_PROBE), str(dag_file)], env)
+        assert parsed.returncode == 0, parsed.stderr[-3000:]
+        listed = af.run(["airflow", "providers", "triggers", "--output", "json"], env)
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        return json.loads(parsed.stdout.strip().splitlines()[-1]), listed.stdout
+
+    for label, (report, triggers) in both(airflows, run).items():
+        assert (report["dags"], report["tasks"]) == (1, 1), (label, report)
+        assert report["connection_attempts"] == [], (label, report)
+        assert report["forbidden_new"] == [], (label, report)
+        assert "dpone.airflow.triggers" in triggers, (label, triggers[-2000:])
