@@ -282,3 +282,14 @@ def test_bad_bounds_are_a_clear_error() -> None:
             )
         )
     assert caught.value.field == "lease_s"
+
+
+def test_an_unreachable_control_plane_costs_rounds_not_a_crash(tmp_path: Path) -> None:
+    """A control plane that does not answer now ends the watch within its bounds."""
+    bounds = ObservationBounds(poll_interval_s=0.05, max_polls=3, lease_s=1.0)
+    missing = {"kind": "sqlite", "path": str(tmp_path / "not-there.db")}
+    hint = asyncio.run(observe_once_woken("op", missing, bounds))
+    assert hint == {"operation_id": "op", "status": "exhausted", "polls": 0}
+    assert not (tmp_path / "not-there.db").exists()  # never created by the trigger
+    down = {"kind": "postgresql", "url": "postgresql://nobody@127.0.0.1:1/none", "schema": "s"}
+    assert asyncio.run(observe_once_woken("op", down, bounds))["status"] == "exhausted"

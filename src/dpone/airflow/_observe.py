@@ -231,11 +231,11 @@ async def _open(locator: dict[str, Any]) -> _ControlPlane:
         if not path.startswith("/"):
             raise ConfigInvalid("the trigger's journal locator needs an absolute path")
         # mode=rw: never create a control plane that is not there
-        conn = await aiosqlite.connect(
+        lite = await aiosqlite.connect(
             f"file:{path}?mode=rw", uri=True, timeout=5.0, isolation_level=None
         )
         return _ControlPlane(
-            conn,
+            lite,
             placeholder="?",
             prefix="",
             now_sql="((julianday('now') - 2440587.5) * 86400.0)",
@@ -246,11 +246,11 @@ async def _open(locator: dict[str, Any]) -> _ControlPlane:
         schema = str(locator.get("schema") or "dpone")
         if not _SCHEMA_RE.match(schema):
             raise ConfigInvalid("the trigger's journal schema is not a plain identifier")
-        conn = await psycopg.AsyncConnection.connect(
+        pg = await psycopg.AsyncConnection.connect(
             str(locator.get("url") or ""), autocommit=True, connect_timeout=10
         )
         return _ControlPlane(
-            conn,
+            pg,
             placeholder="%s",
             prefix=f'"{schema}".',
             now_sql="extract(epoch FROM clock_timestamp())::float8",
@@ -326,16 +326,12 @@ async def observe_once_woken(
     import httpx
 
     bounds.check()
+    if journal.get("kind") not in ("sqlite", "postgresql"):
+        raise ConfigInvalid("the trigger's journal locator kind must be sqlite or postgresql")
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-    db = await _open(journal)
+    db: _ControlPlane | None = None
     polls = 0
     try:
-        if await db.schema_version() < LEASE_SCHEMA_VERSION:
-            raise ConfigInvalid(
-                "the delivery control plane has no observation lease table yet; run the "
-                "delivery once with this dpone version to migrate it",
-                field="journal",
-            )
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(bounds.timeout_s),
             follow_redirects=False,
@@ -344,19 +340,54 @@ async def observe_once_woken(
             for _round in range(bounds.max_polls):
                 if bounds.deadline is not None and time.time() >= bounds.deadline:
                     break
-                status, polled = await _round_status(db, client, operation_id, holder, bounds)
-                polls += polled
-                if status is not None:
-                    return _hint(operation_id, status, polls)
+                if db is None:
+                    db = await _connect(journal)
+                if db is not None:
+                    status, polled = await _round_status(db, client, operation_id, holder, bounds)
+                    polls += polled
+                    if status is not None:
+                        return _hint(operation_id, status, polls)
                 await asyncio.sleep(_pause(bounds))
             # bounds reached: hand the lease on at once (a terminal note is kept instead)
-            try:
-                await db.release(operation_id, holder)
-            except Exception as exc:  # noqa: BLE001 - it expires by itself anyway
-                _log.info("dpone trigger: could not release the lease (%s)", type(exc).__name__)
+            if db is not None:
+                try:
+                    await db.release(operation_id, holder)
+                except Exception as exc:  # noqa: BLE001 - it expires by itself anyway
+                    _log.info("dpone trigger: could not release the lease (%s)", type(exc).__name__)
     finally:
-        await db.close()
+        if db is not None:
+            await db.close()
     return _hint(operation_id, "exhausted", polls)
+
+
+async def _connect(journal: dict[str, Any]) -> _ControlPlane | None:
+    """Open the control plane, or None (one round lost) when it does not answer now.
+
+    Raises:
+        ConfigInvalid: the locator is malformed or the control plane predates the lease.
+
+    """
+    try:
+        db = await _open(journal)
+    except ConfigInvalid:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a database down now is a lost round
+        _log.info("dpone trigger: control plane not reachable now (%s)", type(exc).__name__)
+        return None
+    try:
+        version = await db.schema_version()
+    except Exception as exc:  # noqa: BLE001
+        await db.close()
+        _log.info("dpone trigger: control plane not readable now (%s)", type(exc).__name__)
+        return None
+    if version < LEASE_SCHEMA_VERSION:
+        await db.close()
+        raise ConfigInvalid(
+            "the delivery control plane has no observation lease table yet; run the "
+            "delivery once with this dpone version to migrate it",
+            field="journal",
+        )
+    return db
 
 
 def _pause(bounds: ObservationBounds) -> float:
