@@ -46,9 +46,9 @@ def _probe(af: Airflow, home: Path, *args: str) -> dict[str, Any]:
         cwd=home,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
-    assert done.returncode == 0 and lines, (
-        f"{af.label}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    )
+    why = f"{af.label}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, why
+    assert lines, why
     assert RECEIVER_TOKEN not in done.stdout + done.stderr
     result: dict[str, Any] = json.loads(lines[-1][len("PROBE ") :])
     return result
@@ -360,7 +360,8 @@ def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
         assert run["independent_done"] == "deferred", where  # ran in the freed slot
         assert run["killed"] is not None, where
         lease = _lease_row(Path(run["journal"]))
-        assert lease is not None and lease[1] >= 2, (lease, where)  # a new holder took over
+        assert lease is not None, where
+        assert lease[1] >= 2, (lease, where)  # a new holder took over
         assert lease[0] != run["killed"]["lease"][0]
         summary = xcoms(home, DAG_ID)[("deliver", -1)]
         assert (summary["state"], summary["replayed"]) == ("COMPLETE", False), summary

@@ -118,8 +118,9 @@ def test_two_triggers_one_lease_no_mutation_and_a_promotion_once(
 
     assert [h["status"] for h in hints] == ["succeeded", "succeeded"]
     polls = sorted(int(h["polls"]) for h in hints)
-    assert polls[0] == 0 and polls[1] >= 2, hints  # only the lease holder sent GETs
-    holder, epoch, lease_polls, last = _lease(db, op)
+    assert polls[0] == 0, hints  # only the lease holder sent GETs
+    assert polls[1] >= 2, hints
+    _holder, epoch, lease_polls, last = _lease(db, op)
     assert (epoch, lease_polls, last) == (1, polls[1], "succeeded")  # one holder, never handed on
     after = receiver.stats()
     assert after == before  # no job, no submit, no lookup, no upload: GETs only
@@ -177,7 +178,9 @@ def test_a_trigger_takes_over_an_expired_lease(receiver, tmp_path: Path) -> None
     assert hint["status"] == "succeeded"
     assert waited >= 1.2, waited  # it did not poll while the dead holder's lease was live
     holder, epoch, polls, _last = _lease(db, op)
-    assert holder != "dead-triggerer" and epoch == 2 and polls == hint["polls"] >= 1
+    assert holder != "dead-triggerer"
+    assert epoch == 2
+    assert polls == hint["polls"] >= 1
 
 
 def test_bounds_end_the_watch_with_a_wake_up_and_hand_the_lease_on(
@@ -200,7 +203,8 @@ def test_bounds_end_the_watch_with_a_wake_up_and_hand_the_lease_on(
     deadline = ObservationBounds(poll_interval_s=0.2, deadline=time.time() + 0.5, lease_s=5.0)
     again = asyncio.run(observe_once_woken(op, locator, deadline))
     # the next trigger did not wait out the 5 s lease: the first one released it
-    assert again["status"] == "exhausted" and again["polls"] >= 1
+    assert again["status"] == "exhausted"
+    assert again["polls"] >= 1
     assert time.monotonic() - started < 2.5
     assert set(HINTS) >= {hint["status"], again["status"]}
 
@@ -244,9 +248,11 @@ def test_two_triggers_on_a_postgres_control_plane(receiver, pg_available, pg_sch
         assert sorted(int(h["polls"]) for h in hints)[0] == 0
         assert receiver.stats() == before
         record = store.get(request.operation_id)
-        assert record is not None and record.state is DeliveryState.ACCEPTED
+        assert record is not None
+        assert record.state is DeliveryState.ACCEPTED
         done = proc.resume(request.operation_id)
-        assert isinstance(done, DeliveryCompleted) and not done.replayed
+        assert isinstance(done, DeliveryCompleted)
+        assert not done.replayed
         assert isinstance(proc.resume(request.operation_id), DeliveryCompleted)
         assert receiver.jobs_created(request.operation_id) == 1
     finally:

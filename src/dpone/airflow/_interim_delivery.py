@@ -85,8 +85,10 @@ class InterimDeliveryRuntime:
 
     @property
     def store_locator(self) -> str:
-        """The control plane's locator (``sqlite:/abs`` or the journal URL)."""
-        return str(getattr(self._proc(0.0).store, "locator", self.journal_url))
+        """``sqlite:/abs/path`` for a SQLite control plane, else the journal URL."""
+        if self.journal_url.startswith("sqlite:"):
+            return str(self._proc(0.0).store.locator)
+        return self.journal_url
 
     def _promote(self, record: DeliveryRecord) -> None:
         line = json.dumps({"operation_id": record.operation_id, "receipt": record.receipt})
