@@ -6,6 +6,9 @@ report the event and which dpone modules were imported.
 
 ``operator WORKLOAD OP``: call ``execute_complete`` of the real operator (twice, as two
 duplicate events would) and report what it returned or how it deferred.
+
+``blocked WORKLOAD OP``: one ``execute_complete`` whose remote job failed; report the
+``AirflowFailException`` message.
 """
 
 from __future__ import annotations
@@ -71,10 +74,25 @@ def _operator(workload: str, op: str) -> dict[str, Any]:
     return {"calls": out}
 
 
+def _blocked(workload: str, op: str) -> dict[str, Any]:
+    from airflow.providers.common.compat.sdk import AirflowFailException
+
+    from dpone.airflow.delivery import DponeDeliveryOperator
+
+    task = DponeDeliveryOperator(task_id="deliver", workload=workload)
+    try:
+        returned = task.execute_complete({}, {"operation_id": op, "status": "succeeded"}, op)
+    except AirflowFailException as stop:
+        return {"failed": str(stop)}
+    return {"returned": returned}
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "trigger":
         result = _trigger(sys.argv[2], json.loads(sys.argv[3]))
+    elif mode == "blocked":
+        result = _blocked(sys.argv[2], sys.argv[3])
     else:
         result = _operator(sys.argv[2], sys.argv[3])
     print("PROBE " + json.dumps(result, default=str))

@@ -416,3 +416,25 @@ def test_parsing_a_delivery_dag_does_no_io_and_airflow_lists_the_trigger(
         assert report["connection_attempts"] == [], (label, report)
         assert report["forbidden_new"] == [], (label, report)
         assert "dpone.airflow.triggers" in triggers, (label, triggers[-2000:])
+
+
+def test_a_failed_remote_job_fails_the_task_for_an_operator(
+    airflows: dict[str, Airflow], receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A "succeeded" hint does not count: the job failed, so the task fails, nothing promoted."""
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+    receiver.set_faults(job_duration_s=0.5, fail_next_jobs=len(airflows))
+    ops = {label: _pending(tmp_path / label, receiver.url, f"fails-{label}") for label in airflows}
+    time.sleep(1.0)  # both jobs are terminal (failed) now
+
+    def run(af: Airflow) -> dict[str, Any]:
+        workload = str(tmp_path / af.label / "orders_rest.yaml")
+        return _probe(af, af.home(tmp_path / af.label), "blocked", workload, ops[af.label][0])
+
+    for label, result in both(airflows, run).items():
+        op, _ = ops[label]
+        message = result.get("failed", "")
+        assert message.startswith("DELIVERY_BLOCKED (remote_failed)"), result
+        assert f"dpone delivery status --operation-id {op}" in message
+        assert "remaining retries are not used" in message
+        assert not (tmp_path / label / "orders_rest.checkpoints.jsonl").exists()
