@@ -4,8 +4,9 @@
 trigger row (Airflow's serializer and encryption), run the rebuilt trigger once, and
 report the event and which dpone modules were imported.
 
-``operator WORKLOAD OP``: call ``execute_complete`` of the real operator (twice, as two
-duplicate events would) and report what it returned or how it deferred.
+``operator WORKLOAD OP [WORKLOAD OP ...]``: per operation, call ``execute_complete`` of
+the real operator twice (as two duplicate events would) and report what it returned or
+how it deferred.
 
 ``blocked WORKLOAD OP``: one ``execute_complete`` whose remote job failed; report the
 ``AirflowFailException`` message.
@@ -49,7 +50,11 @@ def _trigger(op: str, locator: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _operator(workload: str, op: str) -> dict[str, Any]:
+def _operator(pairs: list[str]) -> dict[str, Any]:
+    return {"ops": [_calls(w, op) for w, op in zip(pairs[::2], pairs[1::2], strict=True)]}
+
+
+def _calls(workload: str, op: str) -> dict[str, Any]:
     from airflow.providers.common.compat.sdk import TaskDeferred
 
     from dpone.airflow.delivery import DponeDeliveryOperator
@@ -94,7 +99,7 @@ def main() -> None:
     elif mode == "blocked":
         result = _blocked(sys.argv[2], sys.argv[3])
     else:
-        result = _operator(sys.argv[2], sys.argv[3])
+        result = _operator(sys.argv[2:])
     print("PROBE " + json.dumps(result, default=str))
 
 

@@ -107,23 +107,28 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
     duplicate replays; the stand-in checkpoint is promoted once.
     """
     monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
-    receiver.set_faults(job_duration_s=6.0)
-    ops = {label: _pending(tmp_path / label, receiver.url, f"events-{label}") for label in airflows}
-    homes = {label: af.home(tmp_path / label) for label, af in airflows.items()}
+    receiver.set_faults(job_duration_s=300.0)  # still running whatever the machine's load
+    running = {
+        label: _pending(tmp_path / label / "long", receiver.url, f"long-{label}")
+        for label in airflows
+    }
+    receiver.set_faults(job_duration_s=0.2)
+    done = {
+        label: _pending(tmp_path / label / "short", receiver.url, f"short-{label}")
+        for label in airflows
+    }
+    time.sleep(0.5)  # the short jobs have succeeded at the receiver (not yet recorded)
 
-    def running(af: Airflow) -> dict[str, Any]:
-        return _probe(
-            af,
-            homes[af.label],
-            "operator",
-            str(tmp_path / af.label / "orders_rest.yaml"),
-            ops[af.label][0],
-        )
+    def probe(af: Airflow) -> dict[str, Any]:
+        args = []
+        for kind, ops in (("long", running), ("short", done)):
+            args += [str(tmp_path / af.label / kind / "orders_rest.yaml"), ops[af.label][0]]
+        return _probe(af, af.home(tmp_path / af.label), "operator", *args)
 
-    early = both(airflows, running)
-    for label, result in early.items():
-        op, locator = ops[label]
-        for call in result["calls"]:
+    for label, result in both(airflows, probe).items():
+        early, late = result["ops"]
+        op, locator = running[label]
+        for call in early["calls"]:
             assert call.get("deferred") == "dpone.airflow.triggers.DponeReceiptTrigger", result
             assert call["method"] == "execute_complete"
             assert call["next_kwargs"] == {"operation_id": op}
@@ -132,36 +137,16 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
                 "operation_id", "journal", "poll_interval_s", "max_polls", "deadline",
                 "lease_s", "request_timeout_s",
             }  # fmt: skip
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if all(
-            _job_status(receiver, tmp_path / label, op) == "succeeded"
-            for label, (op, _) in ops.items()
-        ):
-            break
-        time.sleep(0.5)
-    late = both(airflows, running)
-    for label, result in late.items():
-        op, _ = ops[label]
-        first, second = (call["returned"] for call in result["calls"])
+        op, _ = done[label]
+        first, second = (call["returned"] for call in late["calls"])
         assert (first["state"], first["replayed"]) == ("COMPLETE", False), result
         assert (second["state"], second["replayed"]) == ("COMPLETE", True), result
         assert first["operation_id"] == second["operation_id"] == op
-        lines = (tmp_path / label / "orders_rest.checkpoints.jsonl").read_text().splitlines()
-        assert len(lines) == 1
-        assert receiver.jobs_created(op) == 1
-
-
-def _job_status(receiver: Any, folder: Path, op: str) -> str | None:
-    with sqlite3.connect(folder / "journal.db") as db:
-        [receipt] = db.execute(
-            "SELECT receipt FROM dpone_delivery WHERE operation_id = ?", (op,)
-        ).fetchone()
-    answer = receiver.client.get(
-        f"{receiver.url}/jobs/{receipt}", headers={"Authorization": f"Bearer {RECEIVER_TOKEN}"}
-    )
-    status: str | None = answer.json().get("status")
-    return status
+        lines = (tmp_path / label / "short" / "orders_rest.checkpoints.jsonl").read_text()
+        assert len(lines.splitlines()) == 1
+        assert not (tmp_path / label / "long" / "orders_rest.checkpoints.jsonl").exists()
+        for ops in (running, done):
+            assert receiver.jobs_created(ops[label][0]) == 1
 
 
 # ---------------------------------------------------------------- a real scheduler + triggerer
