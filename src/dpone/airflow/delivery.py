@@ -164,14 +164,16 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
     # ------------------------------------------------------------------ decisions
     def _decide(self, call: Any, *, task: TaskIdentity | None) -> dict[str, object]:
         from dpone.airflow.outcome import failure
-        from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted
+        from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted, DeliveryPending
         from dpone.errors import DponeError
 
         runtime = None
+        locator: dict[str, str] = {}
         try:
             runtime = _delivery_runtime(str(self.workload), os.environ)
             result = call(runtime)
-            locator = _trigger_locator(runtime)
+            if isinstance(result, DeliveryPending):
+                locator = _trigger_locator(runtime)
         except DponeError as error:
             stop = failure(error, workload=str(self.workload))
             if stop is not None:
