@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
-from dpone.airflow._interim_delivery import InterimDeliveryRuntime
-from dpone.airflow._observe import journal_locator
+from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
 from dpone.config.bootstrap import RunContext
 from dpone.contracts.delivery import DeliveryPending
 from tests.airflow.conftest import Airflow, both
 from tests.airflow.scenarios import metadata, task_states, xcoms
-from tests.airflow.test_delivery_trigger import INTERVAL, rest_workload
+from tests.airflow.test_delivery_trigger import INTERVAL, promotions, rest_workload
 from tests.airflow.test_scheduler import _free_port, _wait_for_api
 from tests.fixtures.receiver import RECEIVER_TOKEN
 from tests.integration.test_delivery import TOKEN_ENV
@@ -55,13 +54,13 @@ def _probe(af: Airflow, home: Path, *args: str) -> dict[str, Any]:
 
 
 def _pending(folder: Path, receiver_url: str, partition: str) -> tuple[str, dict[str, str]]:
-    runtime = InterimDeliveryRuntime(str(rest_workload(folder, receiver_url)), environ={})
+    runtime = open_delivery_runtime(str(rest_workload(folder, receiver_url)), {})
     try:
         result = runtime.deliver(
             interval=INTERVAL, partition=partition, context=RunContext(), provenance=None
         )
         assert isinstance(result, DeliveryPending)
-        return result.operation_id, journal_locator(runtime.store_locator)
+        return result.operation_id, trigger_locator(runtime, {})
     finally:
         runtime.close()
 
@@ -142,9 +141,8 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
         assert (first["state"], first["replayed"]) == ("COMPLETE", False), result
         assert (second["state"], second["replayed"]) == ("COMPLETE", True), result
         assert first["operation_id"] == second["operation_id"] == op
-        lines = (tmp_path / label / "short" / "orders_rest.checkpoints.jsonl").read_text()
-        assert len(lines.splitlines()) == 1
-        assert not (tmp_path / label / "long" / "orders_rest.checkpoints.jsonl").exists()
+        assert promotions(tmp_path / label / "short", op) == 1
+        assert promotions(tmp_path / label / "long", running[label][0]) == 0
         for ops in (running, done):
             assert receiver.jobs_created(ops[label][0]) == 1
 
@@ -352,8 +350,7 @@ def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
         assert (summary["state"], summary["replayed"]) == ("COMPLETE", False), summary
         op = summary["operation_id"]
         assert receiver.jobs_created(op) == 1
-        checkpoints = Path(run["work"]) / f"{_name(label)}.checkpoints.jsonl"
-        assert len(checkpoints.read_text().splitlines()) == 1
+        assert promotions(Path(run["work"]), op, _name(label)) == 1
         logs = "\n".join(p.read_text(errors="replace") for p in home.glob("logs/**/*.log"))
         assert RECEIVER_TOKEN not in logs + run["logs"]
         print(
@@ -422,4 +419,4 @@ def test_a_failed_remote_job_fails_the_task_for_an_operator(
         assert message.startswith("DELIVERY_BLOCKED (remote_failed)"), result
         assert f"dpone delivery status --operation-id {op}" in message
         assert "remaining retries are not used" in message
-        assert not (tmp_path / label / "orders_rest.checkpoints.jsonl").exists()
+        assert promotions(tmp_path / label, op) == 0

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from dpone.airflow._interim_delivery import InterimDeliveryRuntime
 from dpone.airflow._observe import HINTS, ObservationBounds, journal_locator, observe_once_woken
+from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
 from dpone.config.bootstrap import RunContext
 from dpone.contracts.delivery import DeliveryCompleted, DeliveryPending, DeliveryState
 from dpone.errors import ConfigInvalid
@@ -63,6 +63,14 @@ def rest_workload(
     return path
 
 
+def promotions(folder: Path, op: str, name: str = "orders_rest") -> int:
+    """How often the checkpoint of ``op`` was promoted (the interim stand-in: JSON lines)."""
+    path = folder / f"{name}.checkpoints.jsonl"
+    if not path.exists():
+        return 0
+    return sum(json.loads(line)["operation_id"] == op for line in path.read_text().splitlines())
+
+
 def _unique(tmp_path: Path) -> str:
     """A partition per test: the module's receiver dedupes by operation id."""
     return f"p{abs(hash(str(tmp_path))) % 10**9}"
@@ -99,14 +107,14 @@ def test_two_triggers_one_lease_no_mutation_and_a_promotion_once(
     """
     caplog.set_level(logging.DEBUG)
     receiver.set_faults(job_duration_s=1.5)
-    runtime = InterimDeliveryRuntime(str(rest_workload(tmp_path, receiver.url)), environ={})
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
     try:
         pending = runtime.deliver(
             interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
         )
         assert isinstance(pending, DeliveryPending)
         op = pending.operation_id
-        locator = journal_locator(runtime.store_locator)
+        locator = trigger_locator(runtime, {})
     finally:
         runtime.close()
     db = tmp_path / "journal.db"
@@ -129,16 +137,15 @@ def test_two_triggers_one_lease_no_mutation_and_a_promotion_once(
     assert _two(op, locator)[0]["status"] == "succeeded"
     assert receiver.stats() == before
 
-    checkpoints = tmp_path / "orders_rest.checkpoints.jsonl"
     for expected_replayed in (False, True):  # duplicate events -> two resumes
-        runtime = InterimDeliveryRuntime(str(tmp_path / "orders_rest.yaml"), environ={})
+        runtime = open_delivery_runtime(str(tmp_path / "orders_rest.yaml"), {})
         try:
             done = runtime.resume_delivery(op)
         finally:
             runtime.close()
         assert isinstance(done, DeliveryCompleted)
         assert done.replayed is expected_replayed
-    assert len(checkpoints.read_text().splitlines()) == 1
+    assert promotions(tmp_path, op) == 1
     assert receiver.jobs_created(op) == 1
     # the canary token is nowhere in what the trigger returned, wrote or logged
     text = json.dumps(hints) + repr(_lease(db, op)) + caplog.text
@@ -157,12 +164,12 @@ def _version(db: Path, op: str) -> int:
 def test_a_trigger_takes_over_an_expired_lease(receiver, tmp_path: Path) -> None:
     """A killed trigger's lease blocks others only until it expires; then one takes over."""
     receiver.set_faults(job_duration_s=0.5)
-    runtime = InterimDeliveryRuntime(str(rest_workload(tmp_path, receiver.url)), environ={})
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
     try:
         op = runtime.deliver(
             interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
         ).operation_id
-        locator = journal_locator(runtime.store_locator)
+        locator = trigger_locator(runtime, {})
     finally:
         runtime.close()
     db = tmp_path / "journal.db"
@@ -188,12 +195,12 @@ def test_bounds_end_the_watch_with_a_wake_up_and_hand_the_lease_on(
 ) -> None:
     """Polling is bounded: on exhaustion the trigger wakes the task and frees the lease."""
     receiver.set_faults(job_duration_s=30)
-    runtime = InterimDeliveryRuntime(str(rest_workload(tmp_path, receiver.url)), environ={})
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
     try:
         op = runtime.deliver(
             interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
         ).operation_id
-        locator = journal_locator(runtime.store_locator)
+        locator = trigger_locator(runtime, {})
     finally:
         runtime.close()
     bounded = ObservationBounds(poll_interval_s=0.1, max_polls=3, lease_s=5.0)
@@ -212,7 +219,7 @@ def test_bounds_end_the_watch_with_a_wake_up_and_hand_the_lease_on(
 def test_the_trigger_ends_when_the_control_plane_no_longer_waits(receiver, tmp_path) -> None:
     """A COMPLETE (or unknown) delivery wakes the task at once without any GET."""
     receiver.set_faults(job_duration_s=0.0)
-    runtime = InterimDeliveryRuntime(str(rest_workload(tmp_path, receiver.url)), environ={})
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
     try:
         result = runtime.deliver(
             interval=INTERVAL,
@@ -221,7 +228,7 @@ def test_the_trigger_ends_when_the_control_plane_no_longer_waits(receiver, tmp_p
             provenance=None,
             poll_budget_s=5.0,
         )
-        locator = journal_locator(runtime.store_locator)
+        locator = trigger_locator(runtime, {})
     finally:
         runtime.close()
     assert isinstance(result, DeliveryCompleted)

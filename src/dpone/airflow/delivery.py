@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpone.airflow.compat import AirflowFailException, BaseOperator
@@ -37,26 +37,6 @@ def delivery_summary(result: Any) -> dict[str, object]:
         "rows": result.rows,
         "replayed": result.replayed,
     }
-
-
-def _delivery_runtime(workload: str, environ: Mapping[str, str]) -> Any:
-    """THE MERGE SEAM: the object whose ``deliver`` / ``resume_delivery`` the operator calls.
-
-    Interim: :class:`dpone.airflow._interim_delivery.InterimDeliveryRuntime` on the existing
-    delivery composition. At merge this becomes
-    ``Runner(load_workload(workload), environ=environ)`` (same two methods), and the trigger
-    locator comes from the workload's journal URL (:func:`_trigger_locator`).
-    """
-    from dpone.airflow._interim_delivery import InterimDeliveryRuntime
-
-    return InterimDeliveryRuntime(workload, environ=environ)
-
-
-def _trigger_locator(runtime: Any) -> dict[str, str]:
-    """The non-secret locator of the control plane for the trigger."""
-    from dpone.airflow._observe import journal_locator
-
-    return journal_locator(runtime.store_locator)
 
 
 class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped without Airflow
@@ -163,6 +143,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
 
     # ------------------------------------------------------------------ decisions
     def _decide(self, call: Any, *, task: TaskIdentity | None) -> dict[str, object]:
+        from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
         from dpone.airflow.outcome import failure
         from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted, DeliveryPending
         from dpone.errors import DponeError
@@ -170,10 +151,10 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         runtime = None
         locator: dict[str, str] = {}
         try:
-            runtime = _delivery_runtime(str(self.workload), os.environ)
+            runtime = open_delivery_runtime(str(self.workload), os.environ)
             result = call(runtime)
             if isinstance(result, DeliveryPending):
-                locator = _trigger_locator(runtime)
+                locator = trigger_locator(runtime, os.environ)
         except DponeError as error:
             stop = failure(error, workload=str(self.workload))
             if stop is not None:
