@@ -13,8 +13,8 @@ def get_provider_info() -> dict[str, Any]:
     """Return the provider description ``airflow providers list`` shows.
 
     The schema requires only ``name`` and ``description``; operators are listed so that
-    ``airflow providers operators`` (and the docs) can find them. dpone has no trigger
-    yet: deferral arrives with resumable REST delivery (ARCHITECTURE section 14).
+    ``airflow providers operators`` (and the docs) can find them, and the read-only
+    trigger of deferred REST deliveries so ``airflow providers triggers`` does.
     """
     return {
         "package-name": "dpone",
@@ -30,7 +30,12 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [
-            {"integration-name": "dpone", "python-modules": ["dpone.airflow.operators"]},
+            {
+                "integration-name": "dpone",
+                "python-modules": ["dpone.airflow.operators", "dpone.airflow.delivery"],
+            },
         ],
-        "triggers": [],
+        "triggers": [
+            {"integration-name": "dpone", "python-modules": ["dpone.airflow.triggers"]},
+        ],
     }

@@ -173,6 +173,21 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         FOR EACH ROW EXECUTE FUNCTION {p}dpone_delivery_append_only()
         """,
     ),
+    (
+        # version 2: the observation lease of Airflow triggers (dpone.airflow.triggers).
+        # One row per delivery: who may GET the receiver now, until when. Triggers take it
+        # by compare-and-set on the database clock; nothing in the runtime reads it.
+        """
+        CREATE TABLE IF NOT EXISTS {p}dpone_delivery_observer_leases (
+            operation_id text PRIMARY KEY,
+            holder       text NOT NULL,
+            expires_at   float8 NOT NULL,
+            epoch        bigint NOT NULL CHECK (epoch >= 1),
+            polls        bigint NOT NULL DEFAULT 0,
+            last_status  text
+        )
+        """,
+    ),
 )
 #: The delivery schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)

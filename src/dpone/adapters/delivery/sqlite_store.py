@@ -164,6 +164,21 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         BEGIN SELECT RAISE(ABORT, 'dpone_delivery_audit is append-only'); END
         """,
     ),
+    (
+        # version 2: the observation lease of Airflow triggers (dpone.airflow.triggers).
+        # One row per delivery: who may GET the receiver now, until when. Triggers take it
+        # by compare-and-set on the database clock; nothing in the runtime reads it.
+        """
+        CREATE TABLE IF NOT EXISTS dpone_delivery_observer_leases (
+            operation_id TEXT PRIMARY KEY,
+            holder       TEXT NOT NULL,
+            expires_at   REAL NOT NULL,
+            epoch        INTEGER NOT NULL CHECK (epoch >= 1),
+            polls        INTEGER NOT NULL DEFAULT 0,
+            last_status  TEXT
+        )
+        """,
+    ),
 )
 #: The delivery schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)

@@ -1,0 +1,425 @@
+"""The read-only observation loop behind ``DponeReceiptTrigger``: async clients only.
+
+It runs in Airflow's triggerer, an asyncio event loop shared by many triggers, so every
+call here is asynchronous (``aiosqlite`` or psycopg's ``AsyncConnection`` for the control
+plane, ``httpx.AsyncClient`` for the receiver) and it imports nothing of dpone's runtime,
+adapters, composition or API: the triggerer stays light, and the trigger cannot submit,
+advance a delivery or promote a checkpoint even by mistake.
+
+What it may do:
+- read one delivery's row of the control plane (state, receipt, receiver URL, credential
+  reference);
+- take, renew and note results in the delivery's *observation lease* (its own table,
+  ``dpone_delivery_observer_leases``), by compare-and-set on the database clock;
+- GET ``{receiver}/jobs/{receipt}`` while it holds that lease.
+
+Everything else (recording the observation, promoting, deciding) is the operator's, which
+rereads the control plane when woken. The result is a hint: ``{"operation_id", "status",
+"polls"}``, nothing secret, safe to receive twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from dpone.errors import ConfigInvalid
+
+__all__ = ["HINTS", "ObservationBounds", "journal_locator", "observe_once_woken"]
+
+_log = logging.getLogger("dpone.airflow.trigger")
+
+LEASE_TABLE = "dpone_delivery_observer_leases"
+#: the delivery schema version that has the observation lease table
+LEASE_SCHEMA_VERSION = 2
+_REMOTE_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+_RECEIPT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+_SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_CRED_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+#: every status a hint can carry
+HINTS = frozenset(
+    {
+        "succeeded",  # the receiver reports the job succeeded (terminal, to verify)
+        "failed",
+        "cancelled",
+        "receipt_unknown",  # the receiver answered 404/401/403 for the receipt
+        "not_pending",  # the control plane no longer waits for an observation
+        "missing",  # no delivery row under this operation id
+        "exhausted",  # polling bounds reached: wake up and decide again
+    }
+)
+
+
+def journal_locator(journal_url: str, *, schema: str = "dpone") -> dict[str, str]:
+    """Return the trigger's non-secret locator of the control plane named by ``journal_url``.
+
+    ``sqlite:////abs/path.db`` gives ``{"kind": "sqlite", "path": ...}`` (the path must be
+    absolute: the triggerer has another working directory); ``postgresql://user@host/db``
+    gives ``{"kind": "postgresql", "url": ..., "schema": ...}``.
+
+    Raises:
+        ConfigInvalid: another scheme, a relative SQLite path, or a PostgreSQL URL carrying a
+            password or query (a secret must not enter trigger arguments; let libpq find
+            it in the triggerer: ``PGPASSWORD``, ``~/.pgpass`` or ``PGPASSFILE``).
+
+    """
+    if journal_url.startswith("sqlite:"):
+        path = journal_url.removeprefix("sqlite:").removeprefix("//")
+        if not path.startswith("/"):
+            raise ConfigInvalid(
+                "the trigger needs an absolute SQLite journal path", field="journal"
+            )
+        return {"kind": "sqlite", "path": str(Path(path))}
+    parts = urlsplit(journal_url)
+    if parts.scheme in ("postgresql", "postgres"):
+        if parts.password is not None or parts.query or parts.fragment:
+            raise ConfigInvalid(
+                "the journal URL handed to the trigger may not carry a password or query",
+                field="journal",
+                hint="give the triggerer the password through PGPASSWORD, ~/.pgpass or "
+                "PGPASSFILE and drop it from the URL",
+            )
+        if not _SCHEMA_RE.match(schema):
+            raise ConfigInvalid("the journal schema is not a plain identifier", field="schema")
+        netloc = parts.netloc
+        url = urlunsplit(("postgresql", netloc, parts.path, "", ""))
+        return {"kind": "postgresql", "url": url, "schema": schema}
+    raise ConfigInvalid(
+        "the trigger reads a sqlite:/// or postgresql:// control plane only", field="journal"
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObservationBounds:
+    """Every wait of one trigger run is finite.
+
+    ``max_polls`` counts loop rounds (a GET by the lease holder or a look at the control
+    plane by a watcher); ``deadline`` is absolute (seconds since the epoch) so a triggerer
+    restart does not extend it. ``lease_s`` is how long a holder may go silent before
+    another trigger takes the observation over.
+    """
+
+    poll_interval_s: float = 10.0
+    max_polls: int = 360
+    deadline: float | None = None
+    lease_s: float = 60.0
+    request_timeout_s: float = 10.0
+
+    def check(self) -> None:
+        """Raise ConfigInvalid when a bound is not a positive finite number."""
+        if not 0.05 <= self.poll_interval_s <= 86_400:
+            raise ConfigInvalid("poll_interval_s must be in [0.05, 86400]", field="poll_interval_s")
+        if not isinstance(self.max_polls, int) or self.max_polls < 1:
+            raise ConfigInvalid("max_polls must be an integer >= 1", field="max_polls")
+        if self.lease_s < 2 * self.poll_interval_s:
+            raise ConfigInvalid(
+                "lease_s must be at least twice poll_interval_s, or the holder loses the "
+                "lease between its own polls",
+                field="lease_s",
+            )
+        if self.request_timeout_s < 0.1:
+            raise ConfigInvalid("request_timeout_s must be at least 0.1", field="request_timeout_s")
+
+    @property
+    def timeout_s(self) -> float:
+        """The GET timeout: at most half the lease, so a slow answer cannot outlive it."""
+        return min(self.request_timeout_s, self.lease_s / 2)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    state: str
+    receipt: str | None
+    receiver_url: str
+    credential_ref: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Lease:
+    holder: str
+    epoch: int
+    last_status: str | None
+    mine: bool
+
+
+class _ControlPlane:
+    """The few statements the trigger runs, over one async connection."""
+
+    def __init__(self, conn: Any, *, placeholder: str, prefix: str, now_sql: str) -> None:
+        self._conn = conn
+        self._ph = placeholder
+        self._p = prefix
+        self._now = now_sql
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("{p}", self._p).replace("{now}", self._now).replace("?", self._ph)
+
+    async def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        cur = await self._conn.execute(self._q(sql), params)
+        row = await cur.fetchone()
+        await cur.close()
+        return tuple(row) if row is not None else None
+
+    async def schema_version(self) -> int:
+        row = await self._one("SELECT MAX(version) FROM {p}dpone_delivery_schema", ())
+        return int(row[0] or 0) if row else 0
+
+    async def read(self, operation_id: str) -> _Row | None:
+        row = await self._one(
+            "SELECT state, receipt, receiver_url, credential_ref "
+            "FROM {p}dpone_delivery WHERE operation_id = ?",
+            (operation_id,),
+        )
+        return _Row(*row) if row else None
+
+    async def take_lease(self, operation_id: str, holder: str, ttl_s: float) -> _Lease:
+        """Take or renew the lease if it is free, expired or already ours; return it."""
+        await self._one(
+            "INSERT INTO {p}" + LEASE_TABLE + " AS l "
+            "(operation_id, holder, expires_at, epoch, polls) VALUES (?, ?, {now} + ?, 1, 0) "
+            "ON CONFLICT (operation_id) DO UPDATE SET "
+            "epoch = CASE WHEN l.holder = excluded.holder THEN l.epoch ELSE l.epoch + 1 END, "
+            "holder = excluded.holder, expires_at = excluded.expires_at "
+            "WHERE l.holder = excluded.holder OR l.expires_at <= {now} "
+            "RETURNING epoch",
+            (operation_id, holder, float(ttl_s)),
+        )
+        row = await self._one(
+            "SELECT holder, epoch, last_status FROM {p}" + LEASE_TABLE + " WHERE operation_id = ?",
+            (operation_id,),
+        )
+        assert row is not None  # noqa: S101 - the upsert above created it
+        return _Lease(holder=row[0], epoch=int(row[1]), last_status=row[2], mine=row[0] == holder)
+
+    async def note(self, operation_id: str, holder: str, epoch: int, status: str | None) -> bool:
+        """Count one poll (and its status) on the lease, only while we still hold it."""
+        row = await self._one(
+            "UPDATE {p}" + LEASE_TABLE + " SET polls = polls + 1, "
+            "last_status = COALESCE(?, last_status) "
+            "WHERE operation_id = ? AND holder = ? AND epoch = ? RETURNING polls",
+            (status, operation_id, holder, epoch),
+        )
+        return row is not None
+
+    async def release(self, operation_id: str, holder: str) -> None:
+        """Let the lease expire now if we hold it, so the next trigger need not wait."""
+        await self._one(
+            "UPDATE {p}" + LEASE_TABLE + " SET expires_at = {now} "
+            "WHERE operation_id = ? AND holder = ? RETURNING epoch",
+            (operation_id, holder),
+        )
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
+async def _open(locator: dict[str, Any]) -> _ControlPlane:
+    kind = locator.get("kind")
+    if kind == "sqlite":
+        import aiosqlite
+
+        path = str(locator.get("path") or "")
+        if not path.startswith("/"):
+            raise ConfigInvalid("the trigger's journal locator needs an absolute path")
+        # mode=rw: never create a control plane that is not there
+        lite = await aiosqlite.connect(
+            f"file:{path}?mode=rw", uri=True, timeout=5.0, isolation_level=None
+        )
+        return _ControlPlane(
+            lite,
+            placeholder="?",
+            prefix="",
+            now_sql="((julianday('now') - 2440587.5) * 86400.0)",
+        )
+    if kind == "postgresql":
+        import psycopg
+
+        schema = str(locator.get("schema") or "dpone")
+        if not _SCHEMA_RE.match(schema):
+            raise ConfigInvalid("the trigger's journal schema is not a plain identifier")
+        pg = await psycopg.AsyncConnection.connect(
+            str(locator.get("url") or ""), autocommit=True, connect_timeout=10
+        )
+        return _ControlPlane(
+            pg,
+            placeholder="%s",
+            prefix=f'"{schema}".',
+            now_sql="extract(epoch FROM clock_timestamp())::float8",
+        )
+    raise ConfigInvalid("the trigger's journal locator kind must be sqlite or postgresql")
+
+
+async def _bearer(ref: str | None) -> str | None:
+    """Resolve ``env:NAME`` / ``file:PATH`` in this process; the value is never logged."""
+    if ref is None:
+        return None
+    if not _CRED_RE.match(ref):
+        raise ConfigInvalid("the recorded credential is not a reference (env:NAME, file:PATH)")
+    kind, _, name = ref.partition(":")
+    if kind == "env":
+        value = os.environ.get(name, "").strip()
+        return value or None
+    try:
+        text = await asyncio.to_thread(Path(name).read_text, encoding="utf-8")
+    except OSError:
+        return None
+    return text.strip() or None
+
+
+async def _get_status(client: Any, row: _Row) -> str | None:
+    """GET the job once; the remote status, ``receipt_unknown``, or None (no answer)."""
+    import httpx
+
+    receipt = row.receipt or ""
+    if not _RECEIPT_RE.match(receipt):
+        return "receipt_unknown"
+    headers = {}
+    token = await _bearer(row.credential_ref)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = await client.get(f"{row.receiver_url}/jobs/{receipt}", headers=headers)
+    except httpx.HTTPError as exc:
+        _log.info("dpone trigger: the receiver did not answer (%s)", type(exc).__name__)
+        return None
+    if response.status_code in (401, 403, 404):
+        return "receipt_unknown"
+    if response.status_code != 200:
+        return None
+    try:
+        status = response.json().get("status")
+    except (ValueError, AttributeError):
+        return None
+    return status if isinstance(status, str) else None
+
+
+def _hint(operation_id: str, status: str, polls: int) -> dict[str, object]:
+    return {"operation_id": operation_id, "status": status, "polls": polls}
+
+
+async def observe_once_woken(
+    operation_id: str, journal: dict[str, Any], bounds: ObservationBounds
+) -> dict[str, object]:
+    """Watch one delivery until there is something for the operator to decide; return the hint.
+
+    Each round rereads the control plane; a delivery no longer in ACCEPTED ends the watch.
+    The trigger holding the observation lease GETs the receipt and notes the status on
+    the lease; a trigger without it only rereads the lease, ends when the holder noted a
+    terminal status, and takes over once the lease expires. Errors of one round (the
+    receiver or the database not answering) count as a round; the bounds end the watch
+    with ``exhausted``, never an exception loop.
+
+    Raises:
+        ConfigInvalid: the locator or a bound is malformed, or the control plane is older
+            than the observation lease (upgrade it by running the operator once).
+
+    """
+    import httpx
+
+    bounds.check()
+    if journal.get("kind") not in ("sqlite", "postgresql"):
+        raise ConfigInvalid("the trigger's journal locator kind must be sqlite or postgresql")
+    holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    db: _ControlPlane | None = None
+    polls = 0
+    try:
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(bounds.timeout_s),
+            follow_redirects=False,
+            trust_env=False,
+        ) as client:
+            for _round in range(bounds.max_polls):
+                if bounds.deadline is not None and time.time() >= bounds.deadline:
+                    break
+                if db is None:
+                    db = await _connect(journal)
+                if db is not None:
+                    status, polled = await _round_status(db, client, operation_id, holder, bounds)
+                    polls += polled
+                    if status is not None:
+                        return _hint(operation_id, status, polls)
+                await asyncio.sleep(_pause(bounds))
+            # bounds reached: hand the lease on at once (a terminal note is kept instead)
+            if db is not None:
+                try:
+                    await db.release(operation_id, holder)
+                except Exception as exc:  # noqa: BLE001 - it expires by itself anyway
+                    _log.info("dpone trigger: could not release the lease (%s)", type(exc).__name__)
+    finally:
+        if db is not None:
+            await db.close()
+    return _hint(operation_id, "exhausted", polls)
+
+
+async def _connect(journal: dict[str, Any]) -> _ControlPlane | None:
+    """Open the control plane, or None (one round lost) when it does not answer now.
+
+    Raises:
+        ConfigInvalid: the locator is malformed or the control plane predates the lease.
+
+    """
+    try:
+        db = await _open(journal)
+    except ConfigInvalid:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a database down now is a lost round
+        _log.info("dpone trigger: control plane not reachable now (%s)", type(exc).__name__)
+        return None
+    try:
+        version = await db.schema_version()
+    except Exception as exc:  # noqa: BLE001
+        await db.close()
+        _log.info("dpone trigger: control plane not readable now (%s)", type(exc).__name__)
+        return None
+    if version < LEASE_SCHEMA_VERSION:
+        await db.close()
+        raise ConfigInvalid(
+            "the delivery control plane has no observation lease table yet; run the "
+            "delivery once with this dpone version to migrate it",
+            field="journal",
+        )
+    return db
+
+
+def _pause(bounds: ObservationBounds) -> float:
+    if bounds.deadline is None:
+        return bounds.poll_interval_s
+    return max(min(bounds.poll_interval_s, bounds.deadline - time.time()), 0.0)
+
+
+async def _round_status(
+    db: _ControlPlane, client: Any, operation_id: str, holder: str, bounds: ObservationBounds
+) -> tuple[str | None, bool]:
+    """One round: (a hint status to end with or None to go on, whether it sent a GET)."""
+    try:
+        row = await db.read(operation_id)
+        if row is None:
+            return "missing", False
+        if row.state != "ACCEPTED":
+            return "not_pending", False
+        lease = await db.take_lease(operation_id, holder, bounds.lease_s)
+    except Exception as exc:  # noqa: BLE001 - a busy or unreachable database is one round
+        _log.info("dpone trigger: control plane not readable now (%s)", type(exc).__name__)
+        return None, False
+    if not lease.mine:
+        # another trigger observes; its terminal note is enough to wake the operator
+        if lease.last_status in _REMOTE_TERMINAL or lease.last_status == "receipt_unknown":
+            return lease.last_status, False
+        return None, False
+    observed = await _get_status(client, row)
+    try:
+        await db.note(operation_id, holder, lease.epoch, observed)
+    except Exception as exc:  # noqa: BLE001 - the note is a courtesy to other triggers
+        _log.info("dpone trigger: could not note the poll (%s)", type(exc).__name__)
+    if observed in _REMOTE_TERMINAL or observed == "receipt_unknown":
+        return observed, True
+    return None, True

@@ -1,0 +1,210 @@
+"""``DponeDeliveryOperator``: a REST delivery that frees its worker while the job runs.
+
+``execute`` submits (or continues) the delivery through dpone's runtime in the worker.
+When the receiver accepted the job and it is still running (``DeliveryPending``), the
+task defers to :class:`~dpone.airflow.triggers.DponeReceiptTrigger`, which only watches.
+When the trigger fires, ``execute_complete`` asks the runtime again: it rereads the
+control plane, observes once if needed, and only on verified remote success promotes the
+checkpoint and writes COMPLETE. The event is a wake-up hint and is never trusted, so a
+lost, repeated or duplicated event changes nothing; the operation id comes from the task
+(never the try number), so every try and every wake-up continue the same delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from dpone.airflow.compat import AirflowFailException, BaseOperator
+
+if TYPE_CHECKING:
+    from dpone.airflow.identity import TaskIdentity
+
+__all__ = ["DponeDeliveryOperator", "delivery_summary"]
+
+_log = logging.getLogger("dpone.airflow")
+
+
+def delivery_summary(result: Any) -> dict[str, object]:
+    """The XCom value of a completed delivery: ids and counts, never payload or secrets."""
+    return {
+        "operation_id": result.operation_id,
+        "state": "COMPLETE",
+        "receipt": result.receipt,
+        "rows": result.rows,
+        "replayed": result.replayed,
+    }
+
+
+class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped without Airflow
+    """Deliver one workload interval to a REST receiver; defer while the remote job runs.
+
+    Args:
+        workload: path of the workload file (``target.kind: rest``), as the worker sees it.
+        interval: ``START/END``; default: the DAG run's data interval.
+        partition: the mapped partition identity (default: the map index when mapped).
+        poll_budget_s: how long ``execute`` keeps observing before deferring (0: defer at
+            once once the job is accepted).
+        poll_interval_s, max_polls, max_wait_s, lease_s: the trigger's bounds (seconds
+            between rounds, rounds per trigger run, how long one deferral may last before
+            the trigger wakes the task anyway, the observation lease).
+
+    Returns (XCom ``return_value``): ``operation_id``, ``state``, ``receipt``, ``rows`` and
+    ``replayed``.
+
+    Raises:
+        AirflowFailException: the delivery is blocked for an operator (the message names
+            the reason and the read-only command to run), or a non-retryable dpone error.
+        DponeError: a retryable family (receiver or control plane unavailable now).
+
+    """
+
+    template_fields: Sequence[str] = ("workload", "interval", "partition")
+    ui_color: ClassVar[str] = "#e4eef8"
+
+    def __init__(
+        self,
+        *,
+        workload: str | os.PathLike[str],
+        interval: str | None = None,
+        partition: str | None = None,
+        poll_budget_s: float = 0.0,
+        poll_interval_s: float = 10.0,
+        max_polls: int = 360,
+        max_wait_s: float = 3600.0,
+        lease_s: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.workload = os.fspath(workload) if isinstance(workload, os.PathLike) else workload
+        self.interval = interval
+        self.partition = partition
+        self.poll_budget_s = float(poll_budget_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self.max_polls = int(max_polls)
+        self.max_wait_s = float(max_wait_s)
+        self.lease_s = float(lease_s)
+
+    # ------------------------------------------------------------------ run time only
+    def execute(self, context: Any) -> dict[str, object]:
+        """Submit or continue the delivery; complete, defer, or fail for an operator."""
+        from dpone.airflow.identity import TaskIdentity
+        from dpone.airflow.operators import _interval_from, _map_index
+
+        ti = context["ti"]
+        task = TaskIdentity(
+            dag_id=ti.dag_id,
+            run_id=context["dag_run"].run_id,
+            task_id=ti.task_id,
+            map_index=_map_index(ti),
+        )
+        try_number = getattr(ti, "try_number", None)
+        interval = self.interval or _interval_from(context)
+
+        def call(runtime: Any) -> Any:
+            return runtime.deliver(
+                interval=interval,
+                partition=task.partition(self.partition),
+                context=task.run_context(),
+                provenance=task.ledger_provenance(try_number=try_number),
+                poll_budget_s=self.poll_budget_s,
+            )
+
+        return self._decide(call, task=task)
+
+    def execute_complete(
+        self, context: Any, event: Any = None, operation_id: str | None = None
+    ) -> dict[str, object]:
+        """Woken by the trigger (or a duplicate event): ask the control plane, then decide.
+
+        ``operation_id`` comes from the deferral's own kwargs, not from the event; the event
+        is logged as a hint and otherwise ignored.
+        """
+        hint = event if isinstance(event, dict) else {}
+        if operation_id is None:
+            raise AirflowFailException(
+                "dpone: woken without the operation id of the deferral; clear the task"
+            )
+        if hint.get("operation_id") not in (None, operation_id):
+            self.log.warning("dpone: ignoring an event for another operation")
+        self.log.info(
+            "dpone delivery %s woken (hint: %s); rereading the control plane",
+            operation_id,
+            hint.get("status", "-"),
+        )
+
+        def call(runtime: Any) -> Any:
+            return runtime.resume_delivery(operation_id, poll_budget_s=0.0)
+
+        return self._decide(call, task=None)
+
+    # ------------------------------------------------------------------ decisions
+    def _decide(self, call: Any, *, task: TaskIdentity | None) -> dict[str, object]:
+        from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
+        from dpone.airflow.outcome import failure
+        from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted, DeliveryPending
+        from dpone.errors import DponeError
+
+        runtime = None
+        locator: dict[str, str] = {}
+        try:
+            runtime = open_delivery_runtime(str(self.workload), os.environ)
+            result = call(runtime)
+            if isinstance(result, DeliveryPending):
+                locator = trigger_locator(runtime, os.environ)
+        except DponeError as error:
+            stop = failure(error, workload=str(self.workload))
+            if stop is not None:
+                self.log.error("%s", stop.message)  # noqa: TRY400 - the message says it all
+                raise AirflowFailException(stop.message) from None
+            self.log.warning("%s (retryable: Airflow's retries apply)", error)
+            raise
+        finally:
+            if runtime is not None:
+                runtime.close()
+        if task is not None:
+            self.log.info(
+                "dpone delivery %s for %s", result.operation_id, task.provenance(try_number=None)
+            )
+        if isinstance(result, DeliveryCompleted):
+            self.log.info(
+                "dpone delivery %s is COMPLETE (receipt %s)%s",
+                result.operation_id,
+                result.receipt,
+                " (replayed: it was already complete)" if result.replayed else "",
+            )
+            return delivery_summary(result)
+        if isinstance(result, DeliveryBlocked):
+            message = (
+                f"DELIVERY_BLOCKED ({result.reason.value}): {result.message}. Operation "
+                f"{result.operation_id} is in state {result.state.value}. Retrying would not "
+                f"help, so the remaining retries are not used. Run `{result.recovery_ref}` "
+                "to see the evidence."
+            )
+            self.log.error("%s", message)
+            raise AirflowFailException(message)
+        return self._defer(result.operation_id, locator)
+
+    def _defer(self, operation_id: str, locator: dict[str, str]) -> dict[str, object]:
+        from dpone.airflow.triggers import DponeReceiptTrigger
+
+        self.log.info(
+            "dpone delivery %s is running at the receiver; deferring (worker released)",
+            operation_id,
+        )
+        self.defer(
+            trigger=DponeReceiptTrigger(
+                operation_id=operation_id,
+                journal=locator,
+                poll_interval_s=self.poll_interval_s,
+                max_polls=self.max_polls,
+                deadline=time.time() + self.max_wait_s,
+                lease_s=self.lease_s,
+            ),
+            method_name="execute_complete",
+            kwargs={"operation_id": operation_id},
+        )
+        raise AssertionError("unreachable: defer raises TaskDeferred")  # pragma: no cover

@@ -1,0 +1,96 @@
+"""``DponeReceiptTrigger``: wake a deferred delivery task when its remote job may be done.
+
+The trigger is read-only and untrusted by design (ADR 0054 / ARCHITECTURE section 14):
+it gets an operation id and a non-secret locator of the control plane, observes the
+receiver with GET under an observation lease, and emits a hint. The operator's
+``execute_complete`` rereads the control plane and decides; a lost, repeated or wrong
+event changes nothing. Only plain JSON values go into its arguments (Airflow 3 refuses
+anything else, and they are stored with the task instance): never a token, URL password,
+payload or response body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from dpone.airflow._observe import ObservationBounds, observe_once_woken
+
+__all__ = ["DponeReceiptTrigger"]
+
+
+class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without Airflow
+    """Watch one delivery's remote job; emit ``{"operation_id", "status", "polls"}`` once.
+
+    Args:
+        operation_id: the delivery's operation id.
+        journal: the control plane's locator, ``{"kind": "sqlite", "path": ...}`` or
+            ``{"kind": "postgresql", "url": ..., "schema": ...}`` (no password).
+        poll_interval_s: seconds between rounds.
+        max_polls: rounds of this run at most (GETs by the lease holder, control-plane
+            looks by a watcher); a triggerer restart starts the count again.
+        deadline: seconds since the epoch after which the run ends (kept across restarts).
+        lease_s: how long the observation lease lasts without renewal; another trigger
+            for the same operation takes over after it.
+        request_timeout_s: timeout of one GET.
+
+    When the bounds are reached the trigger emits ``exhausted``: the operator looks at
+    the control plane itself and defers again while the job runs.
+    """
+
+    def __init__(
+        self,
+        operation_id: str,
+        journal: dict[str, Any],
+        poll_interval_s: float = 10.0,
+        max_polls: int = 360,
+        deadline: float | None = None,
+        lease_s: float = 60.0,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__()
+        self.operation_id = str(operation_id)
+        self.journal = {str(k): str(v) for k, v in dict(journal).items()}
+        self.poll_interval_s = float(poll_interval_s)
+        self.max_polls = int(max_polls)
+        self.deadline = None if deadline is None else float(deadline)
+        self.lease_s = float(lease_s)
+        self.request_timeout_s = float(request_timeout_s)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Classpath and plain keyword arguments that rebuild this trigger."""
+        return (
+            "dpone.airflow.triggers.DponeReceiptTrigger",
+            {
+                "operation_id": self.operation_id,
+                "journal": dict(self.journal),
+                "poll_interval_s": self.poll_interval_s,
+                "max_polls": self.max_polls,
+                "deadline": self.deadline,
+                "lease_s": self.lease_s,
+                "request_timeout_s": self.request_timeout_s,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Observe until a hint is due, then yield it (once per run)."""
+        hint = await observe_once_woken(
+            self.operation_id,
+            self.journal,
+            ObservationBounds(
+                poll_interval_s=self.poll_interval_s,
+                max_polls=self.max_polls,
+                deadline=self.deadline,
+                lease_s=self.lease_s,
+                request_timeout_s=self.request_timeout_s,
+            ),
+        )
+        self.log.info(
+            "dpone delivery %s: %s after %s poll(s)",
+            self.operation_id,
+            hint["status"],
+            hint["polls"],
+        )
+        yield TriggerEvent(hint)

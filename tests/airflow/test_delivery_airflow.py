@@ -1,0 +1,422 @@
+"""The deferrable delivery operator and its trigger in real Airflow 3.3.2 and 2.11.2.
+
+The receiver and the control plane are real (the reference receiver process, SQLite);
+the trigger and the operator run inside each Airflow environment in their own processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
+from dpone.config.bootstrap import RunContext
+from dpone.contracts.delivery import DeliveryPending
+from tests.airflow.conftest import Airflow, both
+from tests.airflow.scenarios import metadata, task_states, xcoms
+from tests.airflow.test_delivery_trigger import INTERVAL, promotions, rest_workload
+from tests.airflow.test_scheduler import _free_port, _wait_for_api
+from tests.fixtures.receiver import RECEIVER_TOKEN
+from tests.integration.test_delivery import TOKEN_ENV
+
+pytestmark = [pytest.mark.airflow, pytest.mark.timeout(600)]
+
+PROBE = Path(__file__).with_name("delivery_probe.py")
+FORBIDDEN = ("dpone.runtime", "dpone.adapters", "dpone.config", "dpone.api")
+
+
+def _probe(af: Airflow, home: Path, *args: str) -> dict[str, Any]:
+    env = af.env(home, home / "no-dags", **{TOKEN_ENV: RECEIVER_TOKEN})
+    done = subprocess.run(
+        [af.bin("python"), str(PROBE), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=home,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    why = f"{af.label}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, why
+    assert lines, why
+    assert RECEIVER_TOKEN not in done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(lines[-1][len("PROBE ") :])
+    return result
+
+
+def _pending(folder: Path, receiver_url: str, partition: str) -> tuple[str, dict[str, str]]:
+    runtime = open_delivery_runtime(str(rest_workload(folder, receiver_url)), {})
+    try:
+        result = runtime.deliver(
+            interval=INTERVAL, partition=partition, context=RunContext(), provenance=None
+        )
+        assert isinstance(result, DeliveryPending)
+        return result.operation_id, trigger_locator(runtime, {})
+    finally:
+        runtime.close()
+
+
+def test_the_trigger_round_trips_runs_and_imports_no_runtime(
+    airflows: dict[str, Airflow], receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow's own trigger row rebuilds it from plain values; one run imports no runtime."""
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+    receiver.set_faults(job_duration_s=1.0)
+    ops = {
+        label: _pending(tmp_path / label, receiver.url, f"trigger-{label}") for label in airflows
+    }
+
+    def run(af: Airflow) -> dict[str, Any]:
+        op, locator = ops[af.label]
+        return _probe(af, af.home(tmp_path / af.label), "trigger", op, json.dumps(locator))
+
+    for label, result in both(airflows, run).items():
+        op, locator = ops[label]
+        assert result["same"], result
+        assert result["stored"] == result["kwargs"], result  # plain values survive Airflow
+        assert result["kwargs"]["journal"] == locator
+        assert result["event"] == {
+            "operation_id": op,
+            "status": "succeeded",
+            "polls": result["event"]["polls"],
+        }
+        assert result["airflow_loaded"]
+        leaked = [m for m in result["dpone_modules"] if m.startswith(FORBIDDEN)]
+        assert leaked == [], leaked
+        assert RECEIVER_TOKEN not in json.dumps(result)
+        assert receiver.jobs_created(op) == 1
+
+
+def test_duplicate_events_replay_and_a_running_job_defers_again(
+    airflows: dict[str, Airflow], receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """execute_complete asks the control plane, never the event.
+
+    While the job runs, every wake-up (a real hint or a forged one) defers again with the
+    same operation id; once it succeeded, the first wake-up verifies and promotes, the
+    duplicate replays; the stand-in checkpoint is promoted once.
+    """
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+    receiver.set_faults(job_duration_s=300.0)  # still running whatever the machine's load
+    running = {
+        label: _pending(tmp_path / label / "long", receiver.url, f"long-{label}")
+        for label in airflows
+    }
+    receiver.set_faults(job_duration_s=0.2)
+    done = {
+        label: _pending(tmp_path / label / "short", receiver.url, f"short-{label}")
+        for label in airflows
+    }
+    time.sleep(0.5)  # the short jobs have succeeded at the receiver (not yet recorded)
+
+    def probe(af: Airflow) -> dict[str, Any]:
+        args = []
+        for kind, ops in (("long", running), ("short", done)):
+            args += [str(tmp_path / af.label / kind / "orders_rest.yaml"), ops[af.label][0]]
+        return _probe(af, af.home(tmp_path / af.label), "operator", *args)
+
+    for label, result in both(airflows, probe).items():
+        early, late = result["ops"]
+        op, locator = running[label]
+        for call in early["calls"]:
+            assert call.get("deferred") == "dpone.airflow.triggers.DponeReceiptTrigger", result
+            assert call["method"] == "execute_complete"
+            assert call["next_kwargs"] == {"operation_id": op}
+            assert call["kwargs"]["journal"] == locator
+            assert set(call["kwargs"]) == {
+                "operation_id", "journal", "poll_interval_s", "max_polls", "deadline",
+                "lease_s", "request_timeout_s",
+            }  # fmt: skip
+        op, _ = done[label]
+        first, second = (call["returned"] for call in late["calls"])
+        assert (first["state"], first["replayed"]) == ("COMPLETE", False), result
+        assert (second["state"], second["replayed"]) == ("COMPLETE", True), result
+        assert first["operation_id"] == second["operation_id"] == op
+        assert promotions(tmp_path / label / "short", op) == 1
+        assert promotions(tmp_path / label / "long", running[label][0]) == 0
+        for ops in (running, done):
+            assert receiver.jobs_created(ops[label][0]) == 1
+
+
+# ---------------------------------------------------------------- a real scheduler + triggerer
+DAG_ID = "dpone_delivery"
+JOB_S = 25.0
+DAG_FILE = """
+from datetime import datetime, timezone
+
+from airflow.providers.common.compat.sdk import task
+
+from dpone.airflow.compat import DAG
+from dpone.airflow.delivery import DponeDeliveryOperator
+
+with DAG(
+    "{dag_id}",
+    schedule="@once",
+    start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),
+    catchup=False,
+):
+    DponeDeliveryOperator(
+        task_id="deliver",
+        workload="{workload}",
+        interval="{interval}",
+        poll_interval_s=1.0,
+        lease_s=3.0,
+        priority_weight=10,
+    )
+
+    @task(priority_weight=1)
+    def independent():
+        return {{"ran": "while the delivery was deferred"}}
+
+    independent()
+"""
+
+
+def _lease_row(journal: Path) -> tuple[str, int, int] | None:
+    try:
+        with sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=1) as db:
+            row = db.execute(
+                "SELECT holder, epoch, polls FROM dpone_delivery_observer_leases"
+            ).fetchone()
+    except sqlite3.Error:
+        return None
+    return (str(row[0]), int(row[1]), int(row[2])) if row else None
+
+
+def _states(home: Path) -> dict[str, str | None] | None:
+    try:
+        with metadata(home) as db:
+            if db.execute("SELECT COUNT(*) FROM import_error").fetchone()[0]:
+                return {"import_error": "import_error"}
+            tis = db.execute(
+                "SELECT task_id, state FROM task_instance WHERE dag_id = ?", (DAG_ID,)
+            ).fetchall()
+            runs = db.execute("SELECT state FROM dag_run WHERE dag_id = ?", (DAG_ID,)).fetchall()
+    except Exception:  # the database is busy: look again
+        return None
+    out: dict[str, str | None] = dict(tis)
+    out["dag_run"] = runs[0][0] if runs else None
+    return out
+
+
+def _start(af: Airflow, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [af.bin(argv[0]), *argv[1:]],
+            env=env,
+            cwd=env["AIRFLOW_HOME"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _name(label: str) -> str:
+    return "orders_" + label.replace(".", "_")
+
+
+def _deferral_scenario(af: Airflow, tmp: Path, receiver_url: str) -> dict[str, Any]:
+    work = tmp / af.label
+    # one workload name per version: the shared receiver dedupes by operation id
+    workload = rest_workload(work, receiver_url, name=_name(af.label))
+    journal = work / "journal.db"
+    dags = work / "dags"
+    dags.mkdir()
+    (dags / "delivery.py").write_text(
+        DAG_FILE.format(dag_id=DAG_ID, workload=workload, interval=INTERVAL)
+    )
+    home = af.home(work)
+    port = _free_port()
+    env = af.env(
+        home,
+        dags,
+        **{TOKEN_ENV: RECEIVER_TOKEN},
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
+        AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+        # one task slot: the independent task can only run if the deferral frees it
+        AIRFLOW__CORE__PARALLELISM="1",
+        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
+        AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="5",
+        AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
+    )
+    if af.major >= 3:
+        env.update(
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+            AIRFLOW__API__PORT=str(port),
+            AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
+            AIRFLOW__WORKERS__EXECUTION_API_RETRIES="10",
+        )
+        services = [["airflow", "api-server", "--port", str(port)], ["airflow", "dag-processor"]]
+    else:
+        env.update(AIRFLOW__CORE__EXECUTOR="SequentialExecutor")
+        services = []
+    procs = [_start(af, argv, env, work / f"{argv[1]}.log") for argv in services]
+    if af.major >= 3:
+        _wait_for_api(port)
+    procs.append(_start(af, ["airflow", "scheduler"], env, work / "scheduler.log"))
+    triggerer = _start(af, ["airflow", "triggerer"], env, work / "triggerer.log")
+    seen: dict[str, Any] = {"deferred_s": 0.0, "running_s": 0.0, "killed": None}
+    started = time.monotonic()
+    last = started
+    states: dict[str, str | None] | None = None
+    try:
+        while time.monotonic() - started < 300:
+            states = _states(home)
+            now = time.monotonic()
+            if states:
+                if "import_error" in states or states.get("dag_run") in ("success", "failed"):
+                    break
+                deliver = states.get("deliver")
+                if deliver == "deferred":
+                    seen["deferred_s"] += now - last
+                    seen.setdefault("first_deferred", now - started)
+                elif deliver == "running":
+                    seen["running_s"] += now - last
+                if states.get("independent") == "success" and "independent_done" not in seen:
+                    seen["independent_done"] = deliver
+                lease = _lease_row(journal)
+                if seen["killed"] is None and deliver == "deferred" and lease and lease[2] >= 1:
+                    _stop(triggerer, signal.SIGKILL)  # the triggerer dies mid-deferral
+                    seen["killed"] = {"lease": lease, "at": now - started}
+                    triggerer = _start(af, ["airflow", "triggerer"], env, work / "triggerer.log")
+            last = now
+            time.sleep(0.3)
+    finally:
+        for proc in [*procs, triggerer]:
+            _stop(proc)
+    seen.update(
+        states=states,
+        seconds=time.monotonic() - started,
+        home=home,
+        journal=journal,
+        work=work,
+        logs="\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in work.glob("*.log")
+        ),
+    )
+    return seen
+
+
+def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
+    airflows: dict[str, Airflow], receiver, tmp_path: Path
+) -> None:
+    """A real scheduler and triggerer: the delivery defers while the remote job runs.
+
+    With one task slot, the independent task runs while the delivery is deferred (the
+    worker was released). The triggerer is SIGKILLed while its trigger holds the
+    observation lease; a new triggerer takes the trigger (and the expired lease) over,
+    and the task finishes on try 1 with one remote job and one checkpoint promotion.
+    """
+    receiver.set_faults(job_duration_s=JOB_S)
+    before = receiver.stats()["jobs_total"]
+    results = both(airflows, lambda af: _deferral_scenario(af, tmp_path, receiver.url))
+    for label, run in results.items():
+        where = f"Airflow {label} ({run['seconds']:.0f}s): {run}\n{run['logs']}"
+        states = run["states"] or {}
+        assert states.get("dag_run") == "success", where
+        home = Path(run["home"])
+        tis = task_states(home, DAG_ID)
+        assert tis == {("deliver", -1): ("success", 1), ("independent", -1): ("success", 1)}, where
+        assert run["independent_done"] == "deferred", where  # ran in the freed slot
+        assert run["killed"] is not None, where
+        lease = _lease_row(Path(run["journal"]))
+        assert lease is not None, where
+        assert lease[1] >= 2, (lease, where)  # a new holder took over
+        assert lease[0] != run["killed"]["lease"][0]
+        summary = xcoms(home, DAG_ID)[("deliver", -1)]
+        assert (summary["state"], summary["replayed"]) == ("COMPLETE", False), summary
+        op = summary["operation_id"]
+        assert receiver.jobs_created(op) == 1
+        assert promotions(Path(run["work"]), op, _name(label)) == 1
+        logs = "\n".join(p.read_text(errors="replace") for p in home.glob("logs/**/*.log"))
+        assert RECEIVER_TOKEN not in logs + run["logs"]
+        print(
+            f"\n[delivery {label}] {run['seconds']:.0f}s end to end; deferred "
+            f"{run['deferred_s']:.1f}s, running {run['running_s']:.1f}s (0.3 s sampling); "
+            f"first deferred at {run['first_deferred']:.1f}s; triggerer killed at "
+            f"{run['killed']['at']:.1f}s"
+        )
+    assert receiver.stats()["jobs_total"] - before == len(airflows)  # one remote job each
+
+
+PARSE_DAG = """
+from datetime import datetime, timezone
+
+from dpone.airflow import DponeDeliveryOperator
+from dpone.airflow.compat import DAG
+
+dag = DAG("parse_only", schedule=None, start_date=datetime(2026, 11, 1, tzinfo=timezone.utc))
+with dag:
+    DponeDeliveryOperator(task_id="deliver", workload="/nonexistent/orders_rest.yaml")
+"""
+
+
+def test_parsing_a_delivery_dag_does_no_io_and_airflow_lists_the_trigger(
+    airflows: dict[str, Airflow], tmp_path: Path
+) -> None:
+    """The operator's DAG parses with the network shut; ``providers triggers`` shows ours."""
+    from tests.airflow.test_parse_and_provider import PROBE as PARSE_PROBE
+
+    def run(af: Airflow) -> tuple[dict[str, Any], str]:
+        work = tmp_path / af.label
+        work.mkdir()
+        dag_file = work / "delivery_dag.py"
+        dag_file.write_text(PARSE_DAG)
+        home = af.home(work)
+        env = af.env(home, work)
+        parsed = af.run(["python", str(PARSE_PROBE), str(dag_file)], env)
+        assert parsed.returncode == 0, parsed.stderr[-3000:]
+        listed = af.run(["airflow", "providers", "triggers", "--output", "json"], env)
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        return json.loads(parsed.stdout.strip().splitlines()[-1]), listed.stdout
+
+    for label, (report, triggers) in both(airflows, run).items():
+        assert (report["dags"], report["tasks"]) == (1, 1), (label, report)
+        assert report["connection_attempts"] == [], (label, report)
+        assert report["forbidden_new"] == [], (label, report)
+        assert "dpone.airflow.triggers" in triggers, (label, triggers[-2000:])
+
+
+def test_a_failed_remote_job_fails_the_task_for_an_operator(
+    airflows: dict[str, Airflow], receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A "succeeded" hint does not count: the job failed, so the task fails, nothing promoted."""
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+    receiver.set_faults(job_duration_s=0.5, fail_next_jobs=len(airflows))
+    ops = {label: _pending(tmp_path / label, receiver.url, f"fails-{label}") for label in airflows}
+    time.sleep(1.0)  # both jobs are terminal (failed) now
+
+    def run(af: Airflow) -> dict[str, Any]:
+        workload = str(tmp_path / af.label / "orders_rest.yaml")
+        return _probe(af, af.home(tmp_path / af.label), "blocked", workload, ops[af.label][0])
+
+    for label, result in both(airflows, run).items():
+        op, _ = ops[label]
+        message = result.get("failed", "")
+        assert message.startswith("DELIVERY_BLOCKED (remote_failed)"), result
+        assert f"dpone delivery status --operation-id {op}" in message
+        assert "remaining retries are not used" in message
+        assert promotions(tmp_path / label, op) == 0

@@ -1,0 +1,308 @@
+"""The delivery trigger's observation loop against the real reference receiver (no Airflow).
+
+``dpone.airflow._observe`` is what ``DponeReceiptTrigger.run`` awaits; here it runs in this
+process's event loop against a real receiver process and a real SQLite or PostgreSQL
+control plane. The trigger class itself, its serialization and its imports are tested in
+the real Airflow environments (``test_delivery_airflow.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.airflow._observe import HINTS, ObservationBounds, journal_locator, observe_once_woken
+from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
+from dpone.config.bootstrap import RunContext
+from dpone.contracts.delivery import DeliveryCompleted, DeliveryPending, DeliveryState
+from dpone.errors import ConfigInvalid
+from tests.fixtures.receiver import RECEIVER_TOKEN
+from tests.integration.test_delivery import TOKEN_ENV, _payload, _processor, _request
+
+INTERVAL = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
+FAST = ObservationBounds(poll_interval_s=0.1, max_polls=200, lease_s=2.0, request_timeout_s=1.0)
+
+
+@pytest.fixture(autouse=True)
+def _token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+
+
+@pytest.fixture(autouse=True)
+def _close_processors():
+    from tests.integration.test_delivery import _OPEN
+
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def rest_workload(
+    folder: Path, receiver_url: str, *, rows: int = 5, name: str = "orders_rest"
+) -> Path:
+    """An (interim) REST delivery workload file with its JSON-lines source."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "orders.jsonl"
+    source.write_text("".join(f'{{"id": {i}}}\n' for i in range(rows)))
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        f"workload: {name}\n"
+        'release: "r1"\n'
+        "deployment: test\n"
+        f"journal: sqlite:///{folder / 'journal.db'}\n"
+        f"source: {{kind: jsonl, path: '{source}'}}\n"
+        f"target: {{kind: rest, url: '{receiver_url}', credential: 'env:{TOKEN_ENV}'}}\n"
+    )
+    return path
+
+
+def promotions(folder: Path, op: str, name: str = "orders_rest") -> int:
+    """How often the checkpoint of ``op`` was promoted (the interim stand-in: JSON lines)."""
+    path = folder / f"{name}.checkpoints.jsonl"
+    if not path.exists():
+        return 0
+    return sum(json.loads(line)["operation_id"] == op for line in path.read_text().splitlines())
+
+
+def _unique(tmp_path: Path) -> str:
+    """A partition per test: the module's receiver dedupes by operation id."""
+    return f"p{abs(hash(str(tmp_path))) % 10**9}"
+
+
+def _lease(db: Path, op: str) -> tuple[Any, ...]:
+    with sqlite3.connect(db) as conn:
+        row = conn.execute(
+            "SELECT holder, epoch, polls, last_status FROM dpone_delivery_observer_leases "
+            "WHERE operation_id = ?",
+            (op,),
+        ).fetchone()
+    return tuple(row)
+
+
+def _two(op: str, locator: dict[str, str], bounds: ObservationBounds = FAST) -> list[Any]:
+    async def both() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                observe_once_woken(op, locator, bounds), observe_once_woken(op, locator, bounds)
+            )
+        )
+
+    return asyncio.run(both())
+
+
+def test_two_triggers_one_lease_no_mutation_and_a_promotion_once(
+    receiver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two triggers for one operation: one polls, both wake; the receiver sees no new job.
+
+    Then the duplicate wake-ups reach the runtime: the first verifies and promotes, the
+    second replays; the stand-in checkpoint is promoted exactly once.
+    """
+    caplog.set_level(logging.DEBUG)
+    receiver.set_faults(job_duration_s=1.5)
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
+    try:
+        pending = runtime.deliver(
+            interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
+        )
+        assert isinstance(pending, DeliveryPending)
+        op = pending.operation_id
+        locator = trigger_locator(runtime, {})
+    finally:
+        runtime.close()
+    db = tmp_path / "journal.db"
+    assert locator == {"kind": "sqlite", "path": str(db.resolve())}
+    before = receiver.stats()
+    version_before = _version(db, op)
+
+    hints = _two(op, locator)
+
+    assert [h["status"] for h in hints] == ["succeeded", "succeeded"]
+    polls = sorted(int(h["polls"]) for h in hints)
+    assert polls[0] == 0, hints  # only the lease holder sent GETs
+    assert polls[1] >= 2, hints
+    _holder, epoch, lease_polls, last = _lease(db, op)
+    assert (epoch, lease_polls, last) == (1, polls[1], "succeeded")  # one holder, never handed on
+    after = receiver.stats()
+    assert after == before  # no job, no submit, no lookup, no upload: GETs only
+    assert _version(db, op) == version_before  # the trigger never advanced the delivery
+    # the same observation again is harmless and still mutates nothing
+    assert _two(op, locator)[0]["status"] == "succeeded"
+    assert receiver.stats() == before
+
+    for expected_replayed in (False, True):  # duplicate events -> two resumes
+        runtime = open_delivery_runtime(str(tmp_path / "orders_rest.yaml"), {})
+        try:
+            done = runtime.resume_delivery(op)
+        finally:
+            runtime.close()
+        assert isinstance(done, DeliveryCompleted)
+        assert done.replayed is expected_replayed
+    assert promotions(tmp_path, op) == 1
+    assert receiver.jobs_created(op) == 1
+    # the canary token is nowhere in what the trigger returned, wrote or logged
+    text = json.dumps(hints) + repr(_lease(db, op)) + caplog.text
+    assert RECEIVER_TOKEN not in text
+
+
+def _version(db: Path, op: str) -> int:
+    with sqlite3.connect(db) as conn:
+        return int(
+            conn.execute(
+                "SELECT version FROM dpone_delivery WHERE operation_id = ?", (op,)
+            ).fetchone()[0]
+        )
+
+
+def test_a_trigger_takes_over_an_expired_lease(receiver, tmp_path: Path) -> None:
+    """A killed trigger's lease blocks others only until it expires; then one takes over."""
+    receiver.set_faults(job_duration_s=0.5)
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
+    try:
+        op = runtime.deliver(
+            interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
+        ).operation_id
+        locator = trigger_locator(runtime, {})
+    finally:
+        runtime.close()
+    db = tmp_path / "journal.db"
+    with sqlite3.connect(db) as conn:  # a triggerer that died holding the lease for 1.5 s
+        conn.execute(
+            "INSERT INTO dpone_delivery_observer_leases (operation_id, holder, expires_at, epoch) "
+            "VALUES (?, 'dead-triggerer', (julianday('now') - 2440587.5) * 86400.0 + 1.5, 1)",
+            (op,),
+        )
+    started = time.monotonic()
+    [hint] = [asyncio.run(observe_once_woken(op, locator, FAST))]
+    waited = time.monotonic() - started
+    assert hint["status"] == "succeeded"
+    assert waited >= 1.2, waited  # it did not poll while the dead holder's lease was live
+    holder, epoch, polls, _last = _lease(db, op)
+    assert holder != "dead-triggerer"
+    assert epoch == 2
+    assert polls == hint["polls"] >= 1
+
+
+def test_bounds_end_the_watch_with_a_wake_up_and_hand_the_lease_on(
+    receiver, tmp_path: Path
+) -> None:
+    """Polling is bounded: on exhaustion the trigger wakes the task and frees the lease."""
+    receiver.set_faults(job_duration_s=30)
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
+    try:
+        op = runtime.deliver(
+            interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
+        ).operation_id
+        locator = trigger_locator(runtime, {})
+    finally:
+        runtime.close()
+    bounded = ObservationBounds(poll_interval_s=0.1, max_polls=3, lease_s=5.0)
+    hint = asyncio.run(observe_once_woken(op, locator, bounded))
+    assert hint == {"operation_id": op, "status": "exhausted", "polls": 3}
+    started = time.monotonic()
+    deadline = ObservationBounds(poll_interval_s=0.2, deadline=time.time() + 0.5, lease_s=5.0)
+    again = asyncio.run(observe_once_woken(op, locator, deadline))
+    # the next trigger did not wait out the 5 s lease: the first one released it
+    assert again["status"] == "exhausted"
+    assert again["polls"] >= 1
+    assert time.monotonic() - started < 2.5
+    assert set(HINTS) >= {hint["status"], again["status"]}
+
+
+def test_the_trigger_ends_when_the_control_plane_no_longer_waits(receiver, tmp_path) -> None:
+    """A COMPLETE (or unknown) delivery wakes the task at once without any GET."""
+    receiver.set_faults(job_duration_s=0.0)
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
+    try:
+        result = runtime.deliver(
+            interval=INTERVAL,
+            partition=_unique(tmp_path),
+            context=RunContext(),
+            provenance=None,
+            poll_budget_s=5.0,
+        )
+        locator = trigger_locator(runtime, {})
+    finally:
+        runtime.close()
+    assert isinstance(result, DeliveryCompleted)
+    hint = asyncio.run(observe_once_woken(result.operation_id, locator, FAST))
+    assert hint == {"operation_id": result.operation_id, "status": "not_pending", "polls": 0}
+    missing = asyncio.run(observe_once_woken("sha256:" + "0" * 64, locator, FAST))
+    assert missing["status"] == "missing"
+
+
+def test_two_triggers_on_a_postgres_control_plane(receiver, pg_available, pg_schema, tmp_path):
+    """The same lease on PostgreSQL (psycopg's AsyncConnection): one holder, no mutation."""
+    from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+
+    receiver.set_faults(job_duration_s=1.0)
+    store = PostgresDeliveryStore(pg_available, schema=pg_schema)
+    try:
+        proc = _processor(store)
+        request = _request(receiver, _payload(tmp_path))
+        assert isinstance(proc.deliver(request), DeliveryPending)
+        before = receiver.stats()
+        locator = journal_locator(pg_available, schema=pg_schema)
+        hints = _two(request.operation_id, locator)
+        assert [h["status"] for h in hints] == ["succeeded", "succeeded"]
+        assert sorted(int(h["polls"]) for h in hints)[0] == 0
+        assert receiver.stats() == before
+        record = store.get(request.operation_id)
+        assert record is not None
+        assert record.state is DeliveryState.ACCEPTED
+        done = proc.resume(request.operation_id)
+        assert isinstance(done, DeliveryCompleted)
+        assert not done.replayed
+        assert isinstance(proc.resume(request.operation_id), DeliveryCompleted)
+        assert receiver.jobs_created(request.operation_id) == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("postgresql://u:secret@h/db", "password"),
+        ("postgresql://u@h/db?password=x", "password"),
+        ("sqlite:relative.db", "absolute"),
+        ("mysql://u@h/db", "sqlite:/// or postgresql://"),
+    ],
+)
+def test_the_locator_never_carries_a_secret(url: str, why: str) -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        journal_locator(url)
+    assert why in caught.value.message
+    assert "secret" not in repr(caught.value.__dict__.get("hint", ""))
+    assert journal_locator("postgresql://u@h:5432/db", schema="s") == {
+        "kind": "postgresql",
+        "url": "postgresql://u@h:5432/db",
+        "schema": "s",
+    }
+
+
+def test_bad_bounds_are_a_clear_error() -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        asyncio.run(
+            observe_once_woken(
+                "op", {"kind": "sqlite", "path": "/x"}, ObservationBounds(lease_s=1.0)
+            )
+        )
+    assert caught.value.field == "lease_s"
+
+
+def test_an_unreachable_control_plane_costs_rounds_not_a_crash(tmp_path: Path) -> None:
+    """A control plane that does not answer now ends the watch within its bounds."""
+    bounds = ObservationBounds(poll_interval_s=0.05, max_polls=3, lease_s=1.0)
+    missing = {"kind": "sqlite", "path": str(tmp_path / "not-there.db")}
+    hint = asyncio.run(observe_once_woken("op", missing, bounds))
+    assert hint == {"operation_id": "op", "status": "exhausted", "polls": 0}
+    assert not (tmp_path / "not-there.db").exists()  # never created by the trigger
+    down = {"kind": "postgresql", "url": "postgresql://nobody@127.0.0.1:1/none", "schema": "s"}
+    assert asyncio.run(observe_once_woken("op", down, bounds))["status"] == "exhausted"
