@@ -47,28 +47,37 @@ def _close_processors():
 def rest_workload(
     folder: Path, receiver_url: str, *, rows: int = 5, name: str = "orders_rest"
 ) -> Path:
-    """An (interim) REST delivery workload file with its JSON-lines source."""
+    """A REST delivery workload file (incremental, so it has a checkpoint) and its source."""
     folder.mkdir(parents=True, exist_ok=True)
-    source = folder / "orders.jsonl"
-    source.write_text("".join(f'{{"id": {i}}}\n' for i in range(rows)))
+    source = folder / "orders.csv"
+    source.write_text("id,name\n" + "".join(f"{i},n{i}\n" for i in range(rows)))
     path = folder / f"{name}.yaml"
     path.write_text(
         f"workload: {name}\n"
         'release: "r1"\n'
         "deployment: test\n"
         f"journal: sqlite:///{folder / 'journal.db'}\n"
-        f"source: {{kind: jsonl, path: '{source}'}}\n"
-        f"target: {{kind: rest, url: '{receiver_url}', credential: 'env:{TOKEN_ENV}'}}\n"
+        f"source: {{kind: csv, path: '{source}'}}\n"
+        f"target: {{kind: rest, url: '{receiver_url}', credential: 'env:{TOKEN_ENV}', "
+        "poll_interval_seconds: 1.0}\n"
+        'incremental: {start: "2026-11-01T00:00:00Z", max_interval_seconds: 86400}\n'
     )
     return path
 
 
 def promotions(folder: Path, op: str, name: str = "orders_rest") -> int:
-    """How often the checkpoint of ``op`` was promoted (the interim stand-in: JSON lines)."""
-    path = folder / f"{name}.checkpoints.jsonl"
-    if not path.exists():
-        return 0
-    return sum(json.loads(line)["operation_id"] == op for line in path.read_text().splitlines())
+    """How many completed checkpoint intervals ``op`` has in the workload's journal (0 or 1)."""
+    del name
+    with sqlite3.connect(folder / "journal.db") as conn:
+        try:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM dpone_checkpoint_intervals "
+                "WHERE operation_id = ? AND completed_at IS NOT NULL",
+                (op,),
+            ).fetchone()
+        except sqlite3.OperationalError:  # no checkpoint table yet
+            return 0
+    return int(row[0])
 
 
 def _unique(tmp_path: Path) -> str:

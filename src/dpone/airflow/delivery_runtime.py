@@ -1,9 +1,8 @@
-"""THE MERGE SEAM between ``DponeDeliveryOperator`` and dpone's delivery runtime.
+"""The seam between ``DponeDeliveryOperator`` and dpone's delivery runtime (``Runner``).
 
 Two functions, no Airflow import (the trigger tests use them in the development
 environment): which object runs ``deliver`` / ``resume_delivery``, and where its control
-plane is, as the trigger's non-secret locator. Everything else in the operator stays
-as it is when the interim runtime gives way to ``Runner``.
+plane is, as the trigger's non-secret locator.
 """
 
 from __future__ import annotations
@@ -15,21 +14,25 @@ __all__ = ["open_delivery_runtime", "trigger_locator"]
 
 
 def open_delivery_runtime(workload: str, environ: Mapping[str, str]) -> Any:
-    """THE MERGE SEAM: the object whose ``deliver`` / ``resume_delivery`` the operator calls.
+    """A :class:`dpone.api.Runner` on the workload file (``target.kind: rest``)."""
+    from dpone.api import Runner
 
-    Interim: :class:`dpone.airflow._interim_delivery.InterimDeliveryRuntime` on the existing
-    delivery composition. At merge this becomes ``Runner(workload, environ=environ)``
-    (same two methods plus ``close``), and :func:`trigger_locator` reads the workload's
-    journal URL.
-    """
-    from dpone.airflow._interim_delivery import InterimDeliveryRuntime
-
-    return InterimDeliveryRuntime(workload, environ=environ)
+    return Runner(workload, environ=environ)
 
 
 def trigger_locator(runtime: Any, environ: Mapping[str, str]) -> dict[str, str]:
-    """The non-secret locator of the runtime's control plane, for the trigger (merge seam)."""
-    from dpone.airflow._observe import journal_locator
+    """The non-secret locator of the workload's control plane (its journal's database).
 
-    del environ  # the interim runtime resolved its journal already
-    return journal_locator(runtime.store_locator)
+    Raises:
+        ConfigInvalid: the journal URL carries a password (see :func:`journal_locator`).
+
+    """
+    from dpone.airflow._observe import journal_locator
+    from dpone.config.workload import resolve_sqlite_url
+
+    workload = runtime.workload
+    url = workload.journal_url(dict(environ))
+    if url.startswith("sqlite:"):
+        path = resolve_sqlite_url(url, base_dir=workload.base_dir, field="journal")
+        return journal_locator(f"sqlite:{path}")
+    return journal_locator(url, schema=workload.journal_schema)
