@@ -163,9 +163,14 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # the run ledger: runs and their attempts (docs/runs-and-retries.md)
     _ledger_sql.POSTGRES_MIGRATION,
+    # what a REST delivery promotes once its success is verified (docs/delivery.md)
+    _checkpoint_sql.POSTGRES_BINDINGS_MIGRATION,
 )
 #: The schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)
+#: The oldest schema a read-only open reads as it is (it never migrates): version 4 only
+#: adds the delivery bindings table, whose absence reads as "binds nothing".
+_READ_ONLY_OLDEST = 3
 
 
 # ---------------------------------------------------------------------- SQL
@@ -978,12 +983,12 @@ class PostgresCommitJournal:
         dialect = self._checkpoints()
 
         def read(conn: _Conn) -> CheckpointAdvance | None:
-            with conn.transaction(), conn.cursor() as cur:
-                table = dialect.prefix + "dpone_checkpoint_bindings"
-                row = cur.execute("SELECT to_regclass(%s)", (table,)).fetchone()
-                if row is None or row[0] is None:
-                    return None  # no delivery has bound a checkpoint yet
-                return _checkpoint_sql.bound(cur, dialect, operation_id)
+            try:
+                return _checkpoint_sql.bound(conn.cursor(), dialect, operation_id)
+            except pg_errors.UndefinedTable:
+                if not self._read_only:
+                    raise  # a writable open migrated it: a missing table is an error
+                return None  # read-only on a schema before version 4: it binds nothing
 
         return self._run("read a delivery's checkpoint", read, repeatable=True)
 
@@ -1614,6 +1619,8 @@ class PostgresCommitJournal:
         installed = self._installed_version(conn, missing_ok=True)
         if installed == SCHEMA_VERSION:
             return []  # the usual case: one read, no lock
+        if self._read_only and installed >= _READ_ONLY_OLDEST:
+            return []  # read as it is: a look never migrates (a writer's open does)
         if self._read_only:
             raise ConfigInvalid(
                 f"{self._where} has no dpone journal (schema version {installed}); nothing "
