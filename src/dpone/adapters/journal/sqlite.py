@@ -690,10 +690,13 @@ class SqliteCommitJournal:
             cur.row_factory = None
             # a read-only open never migrates: a file from before schema version 4 has
             # no bindings table, so it binds nothing (a writable open has migrated it)
-            exists = not self._read_only or cur.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                "AND name = 'dpone_checkpoint_bindings'"
-            ).fetchone()
+            exists = (
+                not self._read_only
+                or cur.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                    "AND name = 'dpone_checkpoint_bindings'"
+                ).fetchone()
+            )
             return _checkpoint_sql.bound(cur, _CHECKPOINTS, operation_id) if exists else None
 
     def promote_delivered(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
