@@ -26,6 +26,7 @@ from dpone.contracts.delivery import (
     DeliveryState,
 )
 from dpone.contracts.identity import derive_operation_id, parse_interval
+from dpone.contracts.run import AirflowProvenance
 from dpone.errors import ConfigInvalid, IntentConflict, RecoveryRefused
 from dpone.testing.crash import dpone_cmd
 from tests.fixtures.receiver import RECEIVER_TOKEN
@@ -124,12 +125,47 @@ def test_deliver_pending_then_resume_promotes_the_checkpoint_once(receiver, tmp_
         assert (run.operation_id, run.state.value) == (op, "COMPLETE")
         attempts = ledger.attempts(run.run_id)
         assert [a.state.value for a in attempts] == ["SUPERSEDED", "COMPLETE"]
-        assert attempts[0].provenance["kind"] == "api"
+        # no provenance given: deliver and resume_delivery record an API caller
+        assert [a.provenance["kind"] for a in attempts] == ["api", "api"]
         record = runner._rest.service.store.get(op)
         assert record.state is DeliveryState.COMPLETE
         assert [h["to_state"] for h in runner._rest.service.store.history(op)].count(
             "COMPLETE"
         ) == 1
+    assert receiver.jobs_created(op) == 1
+
+
+def test_resume_delivery_records_the_airflow_try_of_each_attempt(receiver, tmp_path):
+    """deliver (try 1) -> pending; resume_delivery(provenance=try 2) -> pending; try 3
+    -> completed: the run ledger's attempts carry tries 1, 2, 3, not an API caller."""
+    receiver.set_faults(job_duration_s=0.8)
+
+    def try_(number: int) -> AirflowProvenance:
+        return AirflowProvenance(
+            dag_id="orders_dag", run_id="scheduled__1", task_id="deliver", try_number=number
+        )
+
+    with Runner(_workload(tmp_path, receiver.url)) as runner:
+        first = runner.deliver(interval=DAY1, provenance=try_(1))
+        assert isinstance(first, DeliveryPending)
+        op = first.operation_id
+        second = runner.resume_delivery(op, poll_budget_s=0.0, provenance=try_(2))
+        assert isinstance(second, DeliveryPending)
+        third = runner.resume_delivery(op, poll_budget_s=10, provenance=try_(3))
+        assert isinstance(third, DeliveryCompleted)
+        ledger = runner._rest.journal
+        [run] = ledger.list_runs()
+        attempts = ledger.attempts(run.run_id)
+        assert [a.state.value for a in attempts] == ["SUPERSEDED", "SUPERSEDED", "COMPLETE"]
+        assert [(a.provenance["kind"], a.provenance["try_number"]) for a in attempts] == [
+            ("airflow", 1),
+            ("airflow", 2),
+            ("airflow", 3),
+        ]
+        assert {a.provenance["task_id"] for a in attempts} == {"deliver"}
+        # a replay does no work: no attempt, whoever asks
+        assert runner.resume_delivery(op, provenance=try_(4)).replayed
+        assert len(ledger.attempts(run.run_id)) == 3
     assert receiver.jobs_created(op) == 1
 
 
