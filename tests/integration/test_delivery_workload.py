@@ -238,6 +238,58 @@ def test_a_failed_remote_job_blocks_and_promotes_nothing(receiver, tmp_path):
         assert conn.execute("SELECT count(*) FROM dpone_checkpoint_intervals").fetchone() == (0,)
 
 
+def test_a_lost_202_is_reconciled_by_key_or_blocks_without_lookup(receiver, tmp_path):
+    """The receiver creates the job and the answer is lost: a workload delivery adopts it
+    by key lookup (one job, promoted once); without key lookup `dpone run` blocks (exit
+    3) with an operator message, keeps the slot and promotes nothing."""
+    receiver.set_faults(job_duration_s=0.05, drop_response_after_accept=1)
+    (tmp_path / "a").mkdir()
+    with Runner(_workload(tmp_path / "a", receiver.url)) as runner:
+        result = runner.deliver(interval=DAY1, poll_budget_s=10)
+        assert isinstance(result, DeliveryCompleted)
+        store = runner._rest.service.store
+        # one submit, unanswered; the receipt came from the key lookup, nothing resent
+        assert [a["outcome"] for a in store.attempts(result.operation_id)] == ["inconclusive"]
+        details = [h["detail"] for h in store.history(result.operation_id)]
+        assert "receipt from lookup" in details
+    assert receiver.jobs_created(result.operation_id) == 1
+    assert _checkpoint(tmp_path / "a" / "journal.db")[0] == DAY2_START_US
+
+    receiver.set_faults(job_duration_s=0.05, drop_response_after_accept=1, key_lookup=False)
+    (tmp_path / "b").mkdir()
+    workload = _workload(tmp_path / "b", receiver.url)
+    env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
+    done = subprocess.run(
+        dpone_cmd("run", str(workload), "--interval", DAY1, "--json"),
+        cwd=tmp_path / "b",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3, (done.stdout, done.stderr[-2000:])
+    body = json.loads(done.stdout)
+    assert (body["outcome"], body["reason"]) == ("blocked", "key_lookup_unsupported")
+    assert "check at the receiver" in body["message"]
+    assert "Idempotency-Key" in body["message"]
+    assert body["recovery_ref"].startswith("dpone delivery status --operation-id ")
+    op = body["operation_id"]
+    assert receiver.jobs_created(op) == 1
+    with Runner(workload) as runner:
+        store = runner._rest.service.store
+        record = store.get(op)
+        assert record.state is DeliveryState.BLOCKED
+        assert store.active_reservations(record.receiver) == 1  # a job may exist: held
+        [run] = runner._rest.journal.list_runs()
+        assert (run.state.value, run.error.code) == ("UNRESOLVED", "DPONE_DELIVERY_BLOCKED")
+        again = runner.deliver(interval=DAY1)  # nothing is resent blindly
+        assert isinstance(again, DeliveryBlocked)
+    assert receiver.jobs_created(op) == 1
+    with closing(sqlite3.connect(tmp_path / "b" / "journal.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM dpone_checkpoint_intervals").fetchone() == (0,)
+
+
 @pytest.mark.parametrize(
     ("target", "field", "words"),
     [
