@@ -59,13 +59,22 @@ def unborn_schemas(pg_available: str) -> Iterator[list[str]]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
-def _first_use_worker(dsn: str, schemas: list[str], index: int, barrier: Any, out: Any) -> None:
-    """Child process: per schema, open a fresh journal and bind at once with the others."""
+def _first_use_worker(
+    dsn: str, schemas: list[str], index: int, kind: str, barrier: Any, out: Any
+) -> None:
+    """Child process: per schema, first use of a fresh journal at once with the others.
+
+    ``kind`` "journal": open the journal and bind; "workload": as a REST workload
+    opens it, the delivery control plane first (its own migration, its own advisory
+    lock, the same schema), then the journal, and bind.
+    """
+    from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
     from dpone.adapters.journal.postgres import PostgresCommitJournal
 
     try:
         for schema in schemas:
             barrier.wait(timeout=60)
+            store = PostgresDeliveryStore(dsn, schema=schema) if kind == "workload" else None
             with PostgresCommitJournal(dsn, schema=schema) as journal:
                 # the first call on a fresh schema: migrate, then bind (the old code
                 # created the table here, in every process at once)
@@ -74,6 +83,8 @@ def _first_use_worker(dsn: str, schemas: list[str], index: int, barrier: Any, ou
                 )
                 barrier.wait(timeout=60)
                 others = [journal.delivery_checkpoint(f"op-{i}") for i in range(PROCESSES)]
+            if store is not None:
+                store.close()
             out.put(
                 (
                     schema,
@@ -87,15 +98,20 @@ def _first_use_worker(dsn: str, schemas: list[str], index: int, barrier: Any, ou
         out.put(f"error in process {index}: {exc!r}")
 
 
+@pytest.mark.parametrize("kinds", [("journal", "journal"), ("journal", "workload")])
 def test_two_processes_first_use_a_fresh_postgres_journal_at_once(
-    pg_available: str, unborn_schemas: list[str]
+    pg_available: str, unborn_schemas: list[str], kinds: tuple[str, str]
 ) -> None:
-    """Two processes open and bind on a fresh schema at the same moment: both succeed."""
+    """Two processes open and bind on a fresh schema at the same moment: both succeed
+    (two journals; a journal and a REST workload's control plane + journal)."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_first_use_worker, args=(pg_available, unborn_schemas, i, barrier, out))
+        ctx.Process(
+            target=_first_use_worker,
+            args=(pg_available, unborn_schemas, i, kinds[i], barrier, out),
+        )
         for i in range(PROCESSES)
     ]
     for proc in procs:

@@ -53,6 +53,9 @@ _STATEMENT_MARGIN_S = 30.0
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 _FROM_PREPARING = frozenset({CommitState.PREPARING})
+#: The oldest schema a read-only open reads as it is (it never migrates): version 4 only
+#: adds the delivery bindings table (_MIGRATIONS), whose absence reads as "binds nothing".
+_READ_ONLY_OLDEST = 3
 
 
 # Migrations, in order; entry N-1 brings the schema to version N. Never edit a released
@@ -168,9 +171,6 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 #: The schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)
-#: The oldest schema a read-only open reads as it is (it never migrates): version 4 only
-#: adds the delivery bindings table, whose absence reads as "binds nothing".
-_READ_ONLY_OLDEST = 3
 
 
 # ---------------------------------------------------------------------- SQL
@@ -212,7 +212,6 @@ class _Statements:
     version_table: str
     installed_version: str
     record_version: str
-    create_schema: str
     create_intent: str
     create_complete: str
     cas: str
@@ -284,7 +283,6 @@ class _Statements:
             ),
             installed_version=f"SELECT COALESCE(max(version), 0) FROM {s}.dpone_schema_version",
             record_version=f"INSERT INTO {s}.dpone_schema_version (version) VALUES (%s)",
-            create_schema=f"CREATE SCHEMA IF NOT EXISTS {s}",
             # A replay (the entry exists) is answered by the same round trip: the second
             # branch reads the row when the INSERT did nothing. Both branches share one
             # snapshot, so a row committed by a concurrent creator after it may be in
@@ -1634,7 +1632,7 @@ class PostgresCommitJournal:
             # lift the statement bound for this transaction only.
             conn.execute("SET LOCAL statement_timeout = 0")
             conn.execute(self._sql.migrate_lock, (f"dpone.journal.migrate:{self._schema}",))
-            conn.execute(self._sql.create_schema)
+            _pg.create_schema(conn, self._schema)  # the delivery store may create it too
             conn.execute(self._sql.version_table)
             current = self._installed_version(conn, missing_ok=False)  # again, under the lock
             quoted = '"' + self._schema + '"'
