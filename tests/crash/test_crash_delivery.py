@@ -101,12 +101,17 @@ def test_sigkill_at_every_delivery_point_then_rerun(receiver, tmp_path, point):
     assert checkpoint.read_text().strip() == record.payload.digest
 
 
-# the riskiest point (202 answered, receipt not durable); the matrix runs on SQLite
-@pytest.mark.parametrize("point", ["after:delivery.submit"])
+# On PostgreSQL: the riskiest point (202 answered, receipt not durable) and the two
+# points the workload matrix (test_crash_delivery_workload.py, which runs on PostgreSQL
+# too) does not reach; together every delivery failpoint runs on PostgreSQL.
+@pytest.mark.parametrize(
+    "point", ["after:delivery.SUBMITTING", "after:delivery.submit", "after:delivery.ACCEPTED"]
+)
 def test_sigkill_on_the_postgres_control_plane_then_rerun(
     receiver, tmp_path, point, pg_available, pg_schema
 ):
-    """The campaign's riskiest point on PostgreSQL: one job, COMPLETE once."""
+    """Killed at POINT on the PostgreSQL control plane, rerun: one job, COMPLETE once,
+    the slot released, the checkpoint written."""
     from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
 
     receiver.set_faults(job_duration_s=0.2)
@@ -125,6 +130,8 @@ def test_sigkill_on_the_postgres_control_plane_then_rerun(
         assert store.active_reservations(record.receiver) == 0
     finally:
         store.close()
+    checkpoint = tmp_path / f"checkpoint-{op[7:15]}"
+    assert checkpoint.read_text().strip() == record.payload.digest
 
 
 def test_receiver_sigkill_while_a_worker_polls(receiver, tmp_path):
