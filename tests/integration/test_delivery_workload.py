@@ -169,6 +169,36 @@ def test_resume_delivery_records_the_airflow_try_of_each_attempt(receiver, tmp_p
     assert receiver.jobs_created(op) == 1
 
 
+def test_a_concurrent_callers_attempt_does_not_leave_a_completed_run_running(receiver, tmp_path):
+    """Another call records attempt 2 while this one delivers (it then finds this call
+    submitting: LEASE_HELD, its attempt left RUNNING). This call completes the delivery:
+    the run is COMPLETE, not RUNNING until some later call."""
+    from dpone.config.bootstrap import api_provenance
+    from dpone.config.delivery import payload_materializer, plan_delivery
+
+    receiver.set_faults(job_duration_s=0.05)
+    with Runner(_workload(tmp_path, receiver.url)) as runner:
+        route, window = runner._rest, parse_interval(DAY1)
+        spec = plan_delivery(
+            route, window=window, partition=None, context=None, provenance=api_provenance()
+        )
+        materialize = payload_materializer(runner.workload, window=window, partition=None)
+        ledger = route.journal
+
+        def payload():
+            # the interleaving of the race: the other call's attempt lands mid-delivery
+            ledger.begin_attempt(run_id=spec.run.run_id, attempt=2, owner="other-process")
+            return materialize()
+
+        result = route.service.deliver(spec, payload=payload, poll_budget_s=10)
+        assert isinstance(result, DeliveryCompleted)
+        [run] = ledger.list_runs()
+        assert run.state.value == "COMPLETE"
+        attempts = ledger.attempts(run.run_id)
+        assert [a.state.value for a in attempts] == ["SUPERSEDED", "COMPLETE"]
+    assert receiver.jobs_created(result.operation_id) == 1
+
+
 def test_payload_is_materialized_deterministically(receiver, tmp_path):
     """The same source and interval give the same staged payload digest (the authority)."""
     from dpone.config.delivery import payload_materializer
