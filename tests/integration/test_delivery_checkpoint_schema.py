@@ -196,14 +196,14 @@ def test_postgres_version_3_journal_read_only_then_migrated(
 def test_postgres_read_only_refuses_an_unborn_or_too_old_schema(
     pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Read-only never creates: no journal, or one before the run ledger, is refused."""
+    """Read-only never creates: no journal, or one before the run ledger, is refused;
+    only "what does this delivery promote" answers "nothing" where no journal exists."""
     from dpone.errors import ConfigInvalid
 
-    with (
-        pg_journal.PostgresCommitJournal(pg_available, schema=pg_schema, read_only=True) as look,
-        pytest.raises(ConfigInvalid, match="schema version 0"),
-    ):
-        look.delivery_checkpoint("op-1")
+    with pg_journal.PostgresCommitJournal(pg_available, schema=pg_schema, read_only=True) as look:
+        assert look.delivery_checkpoint("op-1") is None
+        with pytest.raises(ConfigInvalid, match="schema version 0"):
+            look.list_entries()
     monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", 2)
     with pg_journal.PostgresCommitJournal(pg_available, schema=pg_schema) as old:
         old.migrate()
@@ -213,6 +213,46 @@ def test_postgres_read_only_refuses_an_unborn_or_too_old_schema(
         pytest.raises(ConfigInvalid, match="schema version 2"),
     ):
         look.delivery_checkpoint("op-1")
+
+
+def test_delivery_status_where_only_the_control_plane_exists(
+    pg_available: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """`dpone delivery send` creates only the control plane; `dpone delivery status`
+    then shows the delivery (it promotes nothing) instead of failing on the journal
+    nobody created, and creates no journal tables."""
+    from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+    from dpone.runtime.delivery import stage_payload
+
+    (tmp_path / "p.jsonl").write_text('{"id": 1}\n', encoding="utf-8")
+    op = "sha256:" + "c" * 64
+    store = PostgresDeliveryStore(pg_available, schema=pg_schema)
+    try:
+        store.register(
+            operation_id=op,
+            intent_digest="sha256:" + "d" * 64,
+            receiver="rest:http://127.0.0.1:9/api",
+            receiver_url="http://127.0.0.1:9/api",
+            credential_ref=None,
+            payload=stage_payload(tmp_path / "p.jsonl"),
+            capacity_limit=1,
+            actor="test",
+        )
+    finally:
+        store.close()
+    (tmp_path / "w.yaml").write_text(
+        f"workload: w\nrelease: r\ndeployment: d\njournal: {pg_available}\n"
+        f"journal_schema: {pg_schema}\nsource: {{kind: csv, path: a.csv}}\n"
+        "target: {kind: rest, url: 'http://127.0.0.1:9/api'}\n",
+        encoding="utf-8",
+    )
+    body = _dpone_json(
+        tmp_path, "delivery", "status", "-w", str(tmp_path / "w.yaml"), "--operation-id", op
+    )
+    assert (body["state"], body["checkpoint"]) == ("STAGED", None)
+    with psycopg.connect(pg_available, autocommit=True) as admin:
+        row = admin.execute("SELECT to_regclass(%s)", (f'"{pg_schema}".dpone_schema_version',))
+        assert row.fetchone() == (None,)  # the look created no journal
 
 
 def _sqlite_versions(path: Path) -> list[int]:

@@ -557,6 +557,7 @@ class PostgresCommitJournal:
         self._inherited: list[ConnectionPool[_Conn]] = []
         self._pid = os.getpid()
         self._ready = False
+        self._unborn = False  # read_only found no journal in the schema (version 0)
         self._closed = False
         # libpq's view (host as connected, port, dbname) of our own connections; a
         # target transaction must show the same one to join atomic mode.
@@ -979,6 +980,13 @@ class PostgresCommitJournal:
     def delivery_checkpoint(self, operation_id: str) -> CheckpointAdvance | None:
         """Return what a delivery promotes, or None when it promotes nothing."""
         dialect = self._checkpoints()
+        if self._read_only and not self._ready:
+            try:
+                self._ready_pool()
+            except ConfigInvalid:
+                if self._unborn:
+                    return None  # no journal here yet (e.g. only `dpone delivery send` ran)
+                raise
 
         def read(conn: _Conn) -> CheckpointAdvance | None:
             try:
@@ -1620,6 +1628,7 @@ class PostgresCommitJournal:
         if self._read_only and installed >= _READ_ONLY_OLDEST:
             return []  # read as it is: a look never migrates (a writer's open does)
         if self._read_only:
+            self._unborn = installed == 0
             raise ConfigInvalid(
                 f"{self._where} has no dpone journal (schema version {installed}); nothing "
                 "has run against it, or the URL or journal_schema is wrong",
