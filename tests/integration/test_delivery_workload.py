@@ -27,7 +27,7 @@ from dpone.contracts.delivery import (
 )
 from dpone.contracts.identity import derive_operation_id, parse_interval
 from dpone.contracts.run import AirflowProvenance
-from dpone.errors import ConfigInvalid, IntentConflict, RecoveryRefused
+from dpone.errors import ConfigInvalid, IntentConflict, ReceiverUnavailable, RecoveryRefused
 from dpone.testing.crash import dpone_cmd
 from tests.fixtures.receiver import RECEIVER_TOKEN
 
@@ -197,6 +197,43 @@ def test_a_concurrent_callers_attempt_does_not_leave_a_completed_run_running(rec
         attempts = ledger.attempts(run.run_id)
         assert [a.state.value for a in attempts] == ["SUPERSEDED", "COMPLETE"]
     assert receiver.jobs_created(result.operation_id) == 1
+
+
+def test_a_503_before_acceptance_waits_durably_then_is_sent_once(receiver, tmp_path):
+    """The receiver refuses before accepting (503, Retry-After 1) and the call has no wait
+    budget: RETRY_WAIT with the receiver's due time is durable, the call fails retryable
+    (the run FAILED, transient); a call after the due time submits again and completes:
+    one job, the checkpoint once."""
+    receiver.set_faults(job_duration_s=0.05, unavailable_before_accept=1)
+    path = _workload(tmp_path, receiver.url, extra="  wait_budget_seconds: 0\n")
+    with Runner(path) as runner:
+        with pytest.raises(ReceiverUnavailable) as first:
+            runner.deliver(interval=DAY1)
+        assert first.value.retryable
+        [record] = _records(runner)
+        assert record.state is DeliveryState.RETRY_WAIT
+        assert record.due_at is not None
+        assert record.due_at - record.updated_at == pytest.approx(1.0, abs=0.05)  # Retry-After
+        op = record.operation_id
+        store = runner._rest.service.store
+        assert [a["outcome"] for a in store.attempts(op)] == ["refused_before_accept"]
+        [run] = runner._rest.journal.list_runs()
+        assert (run.state.value, run.error.retryability) == ("FAILED", "transient")
+        time.sleep(max(record.due_at - store.now(), 0) + 0.05)
+        done = runner.deliver(interval=DAY1, poll_budget_s=10)
+        assert isinstance(done, DeliveryCompleted)
+        assert [a["outcome"] for a in store.attempts(op)] == ["refused_before_accept", "accepted"]
+        [run] = runner._rest.journal.list_runs()
+        assert run.state.value == "COMPLETE"
+    assert receiver.jobs_created(op) == 1
+    assert _checkpoint(tmp_path / "journal.db")[2][0][:1] == (op,)
+
+
+def _records(runner: Runner) -> list:
+    """Every delivery record of the runner's control plane (one per test here)."""
+    with closing(sqlite3.connect(runner.workload.base_dir / "journal.db")) as conn:
+        ops = [r[0] for r in conn.execute("SELECT operation_id FROM dpone_delivery")]
+    return [runner._rest.service.store.get(op) for op in ops]
 
 
 def test_payload_is_materialized_deterministically(receiver, tmp_path):
