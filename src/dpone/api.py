@@ -144,7 +144,13 @@ class Runner:
             poll_budget_s=poll_budget_s,
         )
 
-    def resume_delivery(self, operation_id: str, *, poll_budget_s: float = 0.0) -> DeliveryResult:
+    def resume_delivery(
+        self,
+        operation_id: str,
+        *,
+        poll_budget_s: float = 0.0,
+        provenance: Provenance | None = None,
+    ) -> DeliveryResult:
         """Continue a recorded delivery from the control plane (e.g. after a deferral).
 
         Rereads the record; observes the job if it is not terminal; on verified remote
@@ -152,14 +158,21 @@ class Runner:
         checkpoint, then COMPLETE. A COMPLETE delivery returns ``DeliveryCompleted``
         again (``replayed``), without promoting twice.
 
+        Args:
+            operation_id: the delivery's operation id (``DeliveryPending.operation_id``).
+            poll_budget_s: how long this call keeps observing an accepted job.
+            provenance: who invokes, recorded with the run ledger's attempt when this
+                call does work (an Airflow try: its try number); default an API caller.
+
         Raises:
             OperationNotFound: nothing is recorded under ``operation_id``.
             DponeError: as :meth:`deliver`.
 
         """
         route = self._rest_route()
+        who = provenance or api_provenance()
         return route.service.resume(
-            operation_id, provenance=api_provenance().record(), poll_budget_s=poll_budget_s
+            operation_id, provenance=who.record(), poll_budget_s=poll_budget_s
         )
 
     def run(

@@ -28,10 +28,11 @@ class TestSqliteLedger(LedgerConformance):
 def test_an_older_journal_file_gains_the_ledger_on_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A journal at the previous schema version is migrated: entries kept, ledger usable."""
+    """A journal from before the run ledger is migrated: entries kept, ledger usable."""
     path = tmp_path / "journal.db"
-    # build the file as the previous dpone did: every migration but the last one
-    monkeypatch.setattr(sqlite_journal, "SCHEMA_VERSION", SCHEMA_VERSION - 1)
+    # build the file as a dpone before the ledger did: the migrations before the ledger's
+    before_ledger = sqlite_journal._MIGRATIONS.index(sqlite_journal._ledger_sql.SQLITE_MIGRATION)
+    monkeypatch.setattr(sqlite_journal, "SCHEMA_VERSION", before_ledger)
     old = SqliteCommitJournal(path)
     old.create_intent(
         operation_id="sha256:" + "a" * 64,
@@ -43,7 +44,7 @@ def test_an_older_journal_file_gains_the_ledger_on_open(
     monkeypatch.setattr(sqlite_journal, "SCHEMA_VERSION", SCHEMA_VERSION)
     journal = SqliteCommitJournal(path)
     try:
-        assert journal.migrate() == [SCHEMA_VERSION]
+        assert journal.migrate() == list(range(before_ledger + 1, SCHEMA_VERSION + 1))
         assert journal.get("sha256:" + "a" * 64) is not None
         run, created = journal.begin_run(new_start())
         assert created

@@ -101,12 +101,17 @@ def test_sigkill_at_every_delivery_point_then_rerun(receiver, tmp_path, point):
     assert checkpoint.read_text().strip() == record.payload.digest
 
 
-# the riskiest point (202 answered, receipt not durable); the matrix runs on SQLite
-@pytest.mark.parametrize("point", ["after:delivery.submit"])
+# On PostgreSQL: the riskiest point (202 answered, receipt not durable) and the two
+# points the workload matrix (test_crash_delivery_workload.py, which runs on PostgreSQL
+# too) does not reach; together every delivery failpoint runs on PostgreSQL.
+@pytest.mark.parametrize(
+    "point", ["after:delivery.SUBMITTING", "after:delivery.submit", "after:delivery.ACCEPTED"]
+)
 def test_sigkill_on_the_postgres_control_plane_then_rerun(
     receiver, tmp_path, point, pg_available, pg_schema
 ):
-    """The campaign's riskiest point on PostgreSQL: one job, COMPLETE once."""
+    """Killed at POINT on the PostgreSQL control plane, rerun: one job, COMPLETE once,
+    the slot released, the checkpoint written."""
     from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
 
     receiver.set_faults(job_duration_s=0.2)
@@ -125,6 +130,8 @@ def test_sigkill_on_the_postgres_control_plane_then_rerun(
         assert store.active_reservations(record.receiver) == 0
     finally:
         store.close()
+    checkpoint = tmp_path / f"checkpoint-{op[7:15]}"
+    assert checkpoint.read_text().strip() == record.payload.digest
 
 
 def test_receiver_sigkill_while_a_worker_polls(receiver, tmp_path):
@@ -250,11 +257,8 @@ def test_cli_reconcile_without_key_lookup_blocks(receiver, tmp_path):
     assert after["audit"][0]["principal"] == "ops-anna"
 
 
-def _max_overlap(journal: Path) -> int:
-    with sqlite3.connect(journal) as conn:
-        rows = conn.execute(
-            "SELECT reserved_at, released_at FROM dpone_delivery_reservations"
-        ).fetchall()
+def _max_overlap(rows: list[tuple[float, float | None]]) -> int:
+    """The most reservations ever held at once, from (reserved_at, released_at) rows."""
     events = sorted([(r, 1) for r, _ in rows] + [(e, -1) for _, e in rows if e is not None])
     level = peak = 0
     for _, delta in events:  # a release at the same instant sorts before a reservation
@@ -263,15 +267,24 @@ def _max_overlap(journal: Path) -> int:
     return peak
 
 
-def test_eight_processes_never_exceed_a_capacity_of_three(tmp_path):
-    """8 worker processes, limit 3: at most 3 jobs active at the receiver and in the store."""
+_RESERVATIONS = "SELECT reserved_at, released_at FROM {p}dpone_delivery_reservations"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_eight_processes_never_exceed_a_capacity_of_three(tmp_path, request, backend):
+    """8 worker processes, limit 3: at most 3 jobs active at the receiver and in the store
+    (the SQLite file, and the PostgreSQL control plane)."""
+    schema = journal = None
+    if backend == "postgres":
+        journal = request.getfixturevalue("pg_available")
+        schema = request.getfixturevalue("pg_schema")
     with ReceiverProcess(tmp_path / "rx", token=RECEIVER_TOKEN) as rx:
         rx.set_faults(job_duration_s=1.0)
         ops = [_op() for _ in range(8)]
         procs = [
             subprocess.Popen(
-                _argv(tmp_path, rx.url, op, limit=3, poll=40.0, wait=40.0),
-                env=_env(),
+                _argv(tmp_path, rx.url, op, limit=3, poll=40.0, wait=40.0, journal=journal),
+                env=_env(schema=schema),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -284,5 +297,13 @@ def test_eight_processes_never_exceed_a_capacity_of_three(tmp_path):
         stats = rx.stats()
         assert all(stats["jobs_by_key"][op] == 1 for op in ops)
         assert stats["counters"]["max_active"] <= 3
-        overlap = _max_overlap(tmp_path / "journal.sqlite")
-        assert overlap == 3  # the limit was reached, and never exceeded
+    if journal is None:
+        with sqlite3.connect(tmp_path / "journal.sqlite") as conn:
+            rows = conn.execute(_RESERVATIONS.replace("{p}", "")).fetchall()
+    else:
+        import psycopg
+
+        with psycopg.connect(journal) as conn:
+            rows = conn.execute(_RESERVATIONS.replace("{p}", f'"{schema}".')).fetchall()
+    assert len(rows) >= 8
+    assert _max_overlap(rows) == 3  # the limit was reached, and never exceeded

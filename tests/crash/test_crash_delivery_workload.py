@@ -1,7 +1,8 @@
 """SIGKILL of `dpone run` on a REST workload, and of the receiver; reruns finish it once.
 
 Real processes (`python -m dpone run|delivery resume`), the reference receiver in its
-own process, real SQLite (and one PostgreSQL) journals and control planes. After the
+own process; every point runs twice: journal, control plane and checkpoint in one SQLite
+file (the embedded default), and in one PostgreSQL schema (production). After the
 reruns: exactly one remote job per delivery (the receiver's own count), COMPLETE
 once, the workload's checkpoint promoted once (one recorded interval, the watermark
 at the interval's end), the run ledger COMPLETE with the killed attempts superseded.
@@ -16,6 +17,7 @@ import subprocess
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,25 +107,77 @@ def _until_completed(root: Path, args: list[str]) -> dict:
     raise AssertionError("the delivery did not complete after 12 reruns")
 
 
-def _operation(root: Path) -> str:
-    with closing(sqlite3.connect(root / "journal.db")) as conn:
-        row = conn.execute(
-            "SELECT coalesce(parent_id, operation_id) FROM dpone_delivery LIMIT 1"
-        ).fetchone()
-    assert row is not None, "nothing was recorded before the kill"
-    return str(row[0])
+class _Backend:
+    """Where the journal, control plane and checkpoint live: a SQLite file or a PG schema."""
+
+    def __init__(self, root: Path, dsn: str | None = None, schema: str = "dpone") -> None:
+        self.root = root
+        self.dsn = dsn
+        self.schema = schema
+
+    @property
+    def journal_url(self) -> str:
+        return self.dsn or "sqlite:///journal.db"
+
+    def query(self, sql: str) -> list[tuple]:
+        """Rows of ``sql`` (``{p}`` is the table prefix); [] while the tables are absent."""
+        if self.dsn is None:
+            try:
+                with closing(sqlite3.connect(self.root / "journal.db")) as conn:
+                    return conn.execute(sql.replace("{p}", "")).fetchall()
+            except sqlite3.OperationalError:
+                return []  # not created yet
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            try:
+                return conn.execute(sql.replace("{p}", f'"{self.schema}".')).fetchall()
+            except psycopg.errors.UndefinedTable:
+                return []
+
+    def stores(self) -> tuple[Any, Any]:
+        """The control plane and the journal, opened on this backend."""
+        if self.dsn is None:
+            return (
+                SqliteDeliveryStore(self.root / "journal.db"),
+                SqliteCommitJournal(self.root / "journal.db"),
+            )
+        from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+        from dpone.adapters.journal.postgres import PostgresCommitJournal
+
+        return (
+            PostgresDeliveryStore(self.dsn, schema=self.schema),
+            PostgresCommitJournal(self.dsn, schema=self.schema),
+        )
 
 
-def _intervals(root: Path) -> list[tuple]:
-    with closing(sqlite3.connect(root / "journal.db")) as conn:
-        return conn.execute(
-            "SELECT operation_id, start_us, end_us, completed_at FROM dpone_checkpoint_intervals"
-        ).fetchall()
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request, tmp_path) -> _Backend:
+    """The SQLite file (embedded default) or a fresh PostgreSQL schema (production)."""
+    if request.param == "sqlite":
+        return _Backend(tmp_path)
+    return _Backend(
+        tmp_path,
+        request.getfixturevalue("pg_available"),
+        request.getfixturevalue("pg_schema"),
+    )
 
 
-def _check_sqlite(root: Path, receiver, op: str, *, killed: bool = True) -> None:
+def _operation(backend: _Backend) -> str:
+    rows = backend.query("SELECT coalesce(parent_id, operation_id) FROM {p}dpone_delivery LIMIT 1")
+    assert rows, "nothing was recorded before the kill"
+    return str(rows[0][0])
+
+
+def _intervals(backend: _Backend) -> list[tuple]:
+    return backend.query(
+        "SELECT operation_id, start_us, end_us, completed_at FROM {p}dpone_checkpoint_intervals"
+    )
+
+
+def _check(backend: _Backend, receiver, op: str, *, killed: bool = True) -> None:
     """One job per delivery, COMPLETE once, capacity free, checkpoint once, ledger COMPLETE."""
-    store = SqliteDeliveryStore(root / "journal.db")
+    store, journal = backend.stores()
     try:
         record = store.get(op)
         records = [record] if record is not None else store.children(op)
@@ -134,14 +188,14 @@ def _check_sqlite(root: Path, receiver, op: str, *, killed: bool = True) -> None
             moves = [h["to_state"] for h in store.history(one.operation_id)]
             assert moves.count("COMPLETE") == 1
             assert store.active_reservations(one.receiver) == 0
-    finally:
-        store.close()
-    [(promoted_by, start, end, _)] = _intervals(root)
-    assert (promoted_by, start, end) == (op, *DAY1_US)
-    journal = SqliteCommitJournal(root / "journal.db")
-    try:
+        [(promoted_by, start, end, _)] = _intervals(backend)
+        assert (promoted_by, start, end) == (op, *DAY1_US)
         [checkpoint] = journal.list_checkpoints()
-        assert (checkpoint.watermark, checkpoint.operation_id) == (DAY1_US[1], op)
+        assert (checkpoint.watermark, checkpoint.operation_id, checkpoint.pending) == (
+            DAY1_US[1],
+            op,
+            0,
+        )
         [run] = journal.list_runs()
         assert (run.operation_id, run.state.value) == (op, "COMPLETE")
         attempts = journal.attempts(run.run_id)
@@ -150,6 +204,7 @@ def _check_sqlite(root: Path, receiver, op: str, *, killed: bool = True) -> None
         assert {a.state.value for a in attempts[:-1]} <= {"SUPERSEDED"}
         assert len(attempts) >= (2 if killed else 1)  # a killed attempt is superseded
     finally:
+        store.close()
         journal.close()
 
 
@@ -163,15 +218,15 @@ def _check_sqlite(root: Path, receiver, op: str, *, killed: bool = True) -> None
         ("before:delivery.COMPLETE", "run"),  # checkpoint promoted, COMPLETE not written
     ],
 )
-def test_sigkill_dpone_run_then_rerun(receiver, tmp_path, point, rerun):
+def test_sigkill_dpone_run_then_rerun(receiver, tmp_path, backend, point, rerun):
     """Killed at POINT, rerun (`dpone run` or `dpone delivery resume`): one job, COMPLETE
-    once, the checkpoint promoted once, the run ledger consistent."""
+    once, the checkpoint promoted once, the run ledger consistent; SQLite and PostgreSQL."""
     receiver.set_faults(job_duration_s=0.3)
-    _setup(tmp_path, receiver.url)
+    _setup(tmp_path, receiver.url, journal=backend.journal_url, schema=backend.schema)
     killed = _dpone(tmp_path, *_run_args(tmp_path), failpoints=f"{point}=kill")
     assert killed.returncode == KILLED, (killed.stdout, killed.stderr[-2000:])
-    op = _operation(tmp_path)
-    before = _intervals(tmp_path)
+    op = _operation(backend)
+    before = _intervals(backend)
     if point == "before:delivery.COMPLETE":
         assert len(before) == 1  # promoted before the kill; the rerun must not add one
     else:
@@ -195,37 +250,49 @@ def test_sigkill_dpone_run_then_rerun(receiver, tmp_path, point, rerun):
             ],
         )
     assert body["operation_id"] == op
-    _check_sqlite(tmp_path, receiver, op)
+    _check(backend, receiver, op)
     if before:
-        assert _intervals(tmp_path) == before  # the repeated absolute write changed nothing
+        assert _intervals(backend) == before  # the repeated absolute write changed nothing
     replay = _dpone(tmp_path, *_run_args(tmp_path))
     assert json.loads(replay.stdout)["replayed"] is True
-    _check_sqlite(tmp_path, receiver, op)
+    _check(backend, receiver, op)
 
 
-def test_sigkill_inside_a_split_delivery_then_rerun(receiver, tmp_path):
+def test_sigkill_inside_a_split_delivery_then_rerun(receiver, tmp_path, backend):
     """Killed at child 1's submit (of 3), rerun: one job per child, one promotion."""
     receiver.set_faults(job_duration_s=0.1)
-    _setup(tmp_path, receiver.url, extra="  rows_per_child: 10\n")
+    _setup(
+        tmp_path,
+        receiver.url,
+        extra="  rows_per_child: 10\n",
+        journal=backend.journal_url,
+        schema=backend.schema,
+    )
     killed = _dpone(tmp_path, *_run_args(tmp_path), failpoints="after:delivery.submit=kill@2")
     assert killed.returncode == KILLED, (killed.stdout, killed.stderr[-2000:])
-    op = _operation(tmp_path)
-    assert _intervals(tmp_path) == []
+    op = _operation(backend)
+    assert _intervals(backend) == []
     body = _until_completed(tmp_path, _run_args(tmp_path))
     assert (body["operation_id"], body["rows"]) == (op, 25)
-    store = SqliteDeliveryStore(tmp_path / "journal.db")
-    try:
-        assert [c.payload.rows for c in store.children(op)] == [10, 10, 5]
-    finally:
-        store.close()
-    _check_sqlite(tmp_path, receiver, op)
+    rows = backend.query(
+        "SELECT payload_rows FROM {p}dpone_delivery WHERE parent_id IS NOT NULL "
+        "ORDER BY child_index"
+    )
+    assert [r[0] for r in rows] == [10, 10, 5]
+    _check(backend, receiver, op)
 
 
-def test_receiver_sigkill_and_restart_while_dpone_run_polls(receiver, tmp_path):
+def test_receiver_sigkill_and_restart_while_dpone_run_polls(receiver, tmp_path, backend):
     """The receiver dies mid-job (child 0 of a split delivery) and restarts: the polling
     `dpone run` completes; one remote job per child, one promotion."""
     receiver.set_faults(job_duration_s=0.8)
-    _setup(tmp_path, receiver.url, extra="  rows_per_child: 10\n")
+    _setup(
+        tmp_path,
+        receiver.url,
+        extra="  rows_per_child: 10\n",
+        journal=backend.journal_url,
+        schema=backend.schema,
+    )
     env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
     env.pop("DPONE_FAILPOINTS", None)
     worker = subprocess.Popen(
@@ -240,14 +307,8 @@ def test_receiver_sigkill_and_restart_while_dpone_run_polls(receiver, tmp_path):
     receipt = None
     while receipt is None and time.monotonic() < deadline:
         time.sleep(0.05)
-        try:
-            with closing(sqlite3.connect(tmp_path / "journal.db")) as conn:
-                row = conn.execute(
-                    "SELECT receipt FROM dpone_delivery WHERE child_index = 0"
-                ).fetchone()
-            receipt = row[0] if row else None
-        except sqlite3.Error:
-            pass  # the tables are not there yet
+        rows = backend.query("SELECT receipt FROM {p}dpone_delivery WHERE child_index = 0")
+        receipt = rows[0][0] if rows else None
     assert receipt is not None
     receiver.kill()
     time.sleep(0.3)
@@ -256,49 +317,4 @@ def test_receiver_sigkill_and_restart_while_dpone_run_polls(receiver, tmp_path):
     assert worker.returncode == 0, (out, err[-2000:])
     body = json.loads(out)
     assert (body["outcome"], body["rows"]) == ("completed", 25)
-    _check_sqlite(tmp_path, receiver, body["operation_id"], killed=False)
-
-
-def test_sigkill_on_the_postgres_control_plane_then_rerun(
-    receiver, tmp_path, pg_available, pg_schema
-):
-    """The riskiest point (202 answered, receipt not durable) with journal, control plane
-    and checkpoint in PostgreSQL: one job, COMPLETE once, checkpoint once, ledger."""
-    from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
-    from dpone.adapters.journal.postgres import PostgresCommitJournal
-
-    receiver.set_faults(job_duration_s=0.2)
-    _setup(tmp_path, receiver.url, journal=pg_available, schema=pg_schema)
-    killed = _dpone(tmp_path, *_run_args(tmp_path), failpoints="after:delivery.submit=kill")
-    assert killed.returncode == KILLED, (killed.stdout, killed.stderr[-2000:])
-    body = _until_completed(tmp_path, _run_args(tmp_path))
-    op = body["operation_id"]
-    assert receiver.jobs_created(op) == 1
-    store = PostgresDeliveryStore(pg_available, schema=pg_schema)
-    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
-    try:
-        record = store.get(op)
-        assert record.state is DeliveryState.COMPLETE
-        assert [h["to_state"] for h in store.history(op)].count("COMPLETE") == 1
-        assert store.active_reservations(record.receiver) == 0
-        [checkpoint] = journal.list_checkpoints()
-        assert (checkpoint.watermark, checkpoint.operation_id, checkpoint.pending) == (
-            DAY1_US[1],
-            op,
-            0,
-        )
-        [run] = journal.list_runs()
-        assert run.state.value == "COMPLETE"
-        attempts = journal.attempts(run.run_id)
-        assert [a.state.value for a in attempts][-1] == "COMPLETE"
-        assert len(attempts) >= 2
-    finally:
-        store.close()
-        journal.close()
-    import psycopg
-
-    with psycopg.connect(pg_available) as conn:
-        rows = conn.execute(
-            f'SELECT operation_id FROM "{pg_schema}".dpone_checkpoint_intervals'
-        ).fetchall()
-    assert rows == [(op,)]
+    _check(backend, receiver, body["operation_id"], killed=False)

@@ -26,7 +26,8 @@ from dpone.contracts.delivery import (
     DeliveryState,
 )
 from dpone.contracts.identity import derive_operation_id, parse_interval
-from dpone.errors import ConfigInvalid, IntentConflict, RecoveryRefused
+from dpone.contracts.run import AirflowProvenance
+from dpone.errors import ConfigInvalid, IntentConflict, ReceiverUnavailable, RecoveryRefused
 from dpone.testing.crash import dpone_cmd
 from tests.fixtures.receiver import RECEIVER_TOKEN
 
@@ -124,13 +125,115 @@ def test_deliver_pending_then_resume_promotes_the_checkpoint_once(receiver, tmp_
         assert (run.operation_id, run.state.value) == (op, "COMPLETE")
         attempts = ledger.attempts(run.run_id)
         assert [a.state.value for a in attempts] == ["SUPERSEDED", "COMPLETE"]
-        assert attempts[0].provenance["kind"] == "api"
+        # no provenance given: deliver and resume_delivery record an API caller
+        assert [a.provenance["kind"] for a in attempts] == ["api", "api"]
         record = runner._rest.service.store.get(op)
         assert record.state is DeliveryState.COMPLETE
         assert [h["to_state"] for h in runner._rest.service.store.history(op)].count(
             "COMPLETE"
         ) == 1
     assert receiver.jobs_created(op) == 1
+
+
+def test_resume_delivery_records_the_airflow_try_of_each_attempt(receiver, tmp_path):
+    """deliver (try 1) -> pending; resume_delivery(provenance=try 2) -> pending; try 3
+    -> completed: the run ledger's attempts carry tries 1, 2, 3, not an API caller."""
+    receiver.set_faults(job_duration_s=0.8)
+
+    def try_(number: int) -> AirflowProvenance:
+        return AirflowProvenance(
+            dag_id="orders_dag", run_id="scheduled__1", task_id="deliver", try_number=number
+        )
+
+    with Runner(_workload(tmp_path, receiver.url)) as runner:
+        first = runner.deliver(interval=DAY1, provenance=try_(1))
+        assert isinstance(first, DeliveryPending)
+        op = first.operation_id
+        second = runner.resume_delivery(op, poll_budget_s=0.0, provenance=try_(2))
+        assert isinstance(second, DeliveryPending)
+        third = runner.resume_delivery(op, poll_budget_s=10, provenance=try_(3))
+        assert isinstance(third, DeliveryCompleted)
+        ledger = runner._rest.journal
+        [run] = ledger.list_runs()
+        attempts = ledger.attempts(run.run_id)
+        assert [a.state.value for a in attempts] == ["SUPERSEDED", "SUPERSEDED", "COMPLETE"]
+        assert [(a.provenance["kind"], a.provenance["try_number"]) for a in attempts] == [
+            ("airflow", 1),
+            ("airflow", 2),
+            ("airflow", 3),
+        ]
+        assert {a.provenance["task_id"] for a in attempts} == {"deliver"}
+        # a replay does no work: no attempt, whoever asks
+        assert runner.resume_delivery(op, provenance=try_(4)).replayed
+        assert len(ledger.attempts(run.run_id)) == 3
+    assert receiver.jobs_created(op) == 1
+
+
+def test_a_concurrent_callers_attempt_does_not_leave_a_completed_run_running(receiver, tmp_path):
+    """Another call records attempt 2 while this one delivers (it then finds this call
+    submitting: LEASE_HELD, its attempt left RUNNING). This call completes the delivery:
+    the run is COMPLETE, not RUNNING until some later call."""
+    from dpone.config.bootstrap import api_provenance
+    from dpone.config.delivery import payload_materializer, plan_delivery
+
+    receiver.set_faults(job_duration_s=0.05)
+    with Runner(_workload(tmp_path, receiver.url)) as runner:
+        route, window = runner._rest, parse_interval(DAY1)
+        spec = plan_delivery(
+            route, window=window, partition=None, context=None, provenance=api_provenance()
+        )
+        materialize = payload_materializer(runner.workload, window=window, partition=None)
+        ledger = route.journal
+
+        def payload():
+            # the interleaving of the race: the other call's attempt lands mid-delivery
+            ledger.begin_attempt(run_id=spec.run.run_id, attempt=2, owner="other-process")
+            return materialize()
+
+        result = route.service.deliver(spec, payload=payload, poll_budget_s=10)
+        assert isinstance(result, DeliveryCompleted)
+        [run] = ledger.list_runs()
+        assert run.state.value == "COMPLETE"
+        attempts = ledger.attempts(run.run_id)
+        assert [a.state.value for a in attempts] == ["SUPERSEDED", "COMPLETE"]
+    assert receiver.jobs_created(result.operation_id) == 1
+
+
+def test_a_503_before_acceptance_waits_durably_then_is_sent_once(receiver, tmp_path):
+    """The receiver refuses before accepting (503, Retry-After 1) and the call has no wait
+    budget: RETRY_WAIT with the receiver's due time is durable, the call fails retryable
+    (the run FAILED, transient); a call after the due time submits again and completes:
+    one job, the checkpoint once."""
+    receiver.set_faults(job_duration_s=0.05, unavailable_before_accept=1)
+    path = _workload(tmp_path, receiver.url, extra="  wait_budget_seconds: 0\n")
+    with Runner(path) as runner:
+        with pytest.raises(ReceiverUnavailable) as first:
+            runner.deliver(interval=DAY1)
+        assert first.value.retryable
+        [record] = _records(runner)
+        assert record.state is DeliveryState.RETRY_WAIT
+        assert record.due_at is not None
+        assert record.due_at - record.updated_at == pytest.approx(1.0, abs=0.05)  # Retry-After
+        op = record.operation_id
+        store = runner._rest.service.store
+        assert [a["outcome"] for a in store.attempts(op)] == ["refused_before_accept"]
+        [run] = runner._rest.journal.list_runs()
+        assert (run.state.value, run.error.retryability) == ("FAILED", "transient")
+        time.sleep(max(record.due_at - store.now(), 0) + 0.05)
+        done = runner.deliver(interval=DAY1, poll_budget_s=10)
+        assert isinstance(done, DeliveryCompleted)
+        assert [a["outcome"] for a in store.attempts(op)] == ["refused_before_accept", "accepted"]
+        [run] = runner._rest.journal.list_runs()
+        assert run.state.value == "COMPLETE"
+    assert receiver.jobs_created(op) == 1
+    assert _checkpoint(tmp_path / "journal.db")[2][0][:1] == (op,)
+
+
+def _records(runner: Runner) -> list:
+    """Every delivery record of the runner's control plane (one per test here)."""
+    with closing(sqlite3.connect(runner.workload.base_dir / "journal.db")) as conn:
+        ops = [r[0] for r in conn.execute("SELECT operation_id FROM dpone_delivery")]
+    return [runner._rest.service.store.get(op) for op in ops]
 
 
 def test_payload_is_materialized_deterministically(receiver, tmp_path):
@@ -199,6 +302,58 @@ def test_a_failed_remote_job_blocks_and_promotes_nothing(receiver, tmp_path):
         assert run.state.value == "UNRESOLVED"
         assert run.error.code == "DPONE_DELIVERY_BLOCKED"
     with closing(sqlite3.connect(tmp_path / "journal.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM dpone_checkpoint_intervals").fetchone() == (0,)
+
+
+def test_a_lost_202_is_reconciled_by_key_or_blocks_without_lookup(receiver, tmp_path):
+    """The receiver creates the job and the answer is lost: a workload delivery adopts it
+    by key lookup (one job, promoted once); without key lookup `dpone run` blocks (exit
+    3) with an operator message, keeps the slot and promotes nothing."""
+    receiver.set_faults(job_duration_s=0.05, drop_response_after_accept=1)
+    (tmp_path / "a").mkdir()
+    with Runner(_workload(tmp_path / "a", receiver.url)) as runner:
+        result = runner.deliver(interval=DAY1, poll_budget_s=10)
+        assert isinstance(result, DeliveryCompleted)
+        store = runner._rest.service.store
+        # one submit, unanswered; the receipt came from the key lookup, nothing resent
+        assert [a["outcome"] for a in store.attempts(result.operation_id)] == ["inconclusive"]
+        details = [h["detail"] for h in store.history(result.operation_id)]
+        assert "receipt from lookup" in details
+    assert receiver.jobs_created(result.operation_id) == 1
+    assert _checkpoint(tmp_path / "a" / "journal.db")[0] == DAY2_START_US
+
+    receiver.set_faults(job_duration_s=0.05, drop_response_after_accept=1, key_lookup=False)
+    (tmp_path / "b").mkdir()
+    workload = _workload(tmp_path / "b", receiver.url)
+    env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
+    done = subprocess.run(
+        dpone_cmd("run", str(workload), "--interval", DAY1, "--json"),
+        cwd=tmp_path / "b",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3, (done.stdout, done.stderr[-2000:])
+    body = json.loads(done.stdout)
+    assert (body["outcome"], body["reason"]) == ("blocked", "key_lookup_unsupported")
+    assert "check at the receiver" in body["message"]
+    assert "Idempotency-Key" in body["message"]
+    assert body["recovery_ref"].startswith("dpone delivery status --operation-id ")
+    op = body["operation_id"]
+    assert receiver.jobs_created(op) == 1
+    with Runner(workload) as runner:
+        store = runner._rest.service.store
+        record = store.get(op)
+        assert record.state is DeliveryState.BLOCKED
+        assert store.active_reservations(record.receiver) == 1  # a job may exist: held
+        [run] = runner._rest.journal.list_runs()
+        assert (run.state.value, run.error.code) == ("UNRESOLVED", "DPONE_DELIVERY_BLOCKED")
+        again = runner.deliver(interval=DAY1)  # nothing is resent blindly
+        assert isinstance(again, DeliveryBlocked)
+    assert receiver.jobs_created(op) == 1
+    with closing(sqlite3.connect(tmp_path / "b" / "journal.db")) as conn:
         assert conn.execute("SELECT count(*) FROM dpone_checkpoint_intervals").fetchone() == (0,)
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict
 
 from dpone.errors import ConfigInvalid, DponeError
 
-__all__ = ["describe", "is_unavailable", "pg_locator", "translate"]
+__all__ = ["create_schema", "describe", "is_unavailable", "pg_locator", "translate"]
 
 _DEFAULT_PORT = "5432"
 
@@ -44,6 +46,23 @@ def pg_locator(dsn: str) -> str:
     port = str(params.get("port") or _DEFAULT_PORT).split(",")[0] or _DEFAULT_PORT
     dbname = str(params.get("dbname") or params.get("user") or "postgres")
     return f"postgresql://{host.strip().lower()}:{port.strip()}/{dbname}"
+
+
+def create_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """``CREATE SCHEMA IF NOT EXISTS`` that tolerates a concurrent creator, in a transaction.
+
+    ``IF NOT EXISTS`` does not cover a creator whose transaction is still open: the
+    statement waits for it and then fails with a unique violation in ``pg_namespace``.
+    The journal and the delivery store migrate under different advisory locks, so on a
+    fresh schema they can be that creator for each other. The statement runs in a
+    savepoint; after such a failure the schema exists (the other side committed it),
+    so the caller's migration goes on. ``schema`` must be a checked identifier.
+    """
+    try:
+        with conn.transaction():  # a savepoint inside the caller's transaction
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
+        pass  # created and committed by a concurrent migration meanwhile
 
 
 def _sqlstate(exc: BaseException) -> str:

@@ -535,13 +535,26 @@ class WorkloadDeliveryService:
 
     def _record(self, run: RunRecord | None, attempt: int | None, result: DeliveryResult) -> None:
         if isinstance(result, DeliveryCompleted):
-            self._end(run, attempt, RunState.COMPLETE, None)
+            state, error = RunState.COMPLETE, None
         elif isinstance(result, DeliveryBlocked):
+            state = RunState.UNRESOLVED
             error = RunError(
                 code=BLOCKED_CODE, retryability="stop", message=f"blocked: {result.reason.value}"
             )
-            self._end(run, attempt, RunState.UNRESOLVED, error)
-        # DeliveryPending: the attempt stays RUNNING, the remote job is in flight
+        else:
+            return  # DeliveryPending: the attempt stays RUNNING, the remote job is in flight
+        if self._end(run, attempt, state, error) or self._ledger is None or run is None:
+            return
+        # A concurrent call recorded a newer attempt meanwhile (and then found this call
+        # submitting: LEASE_HELD leaves its attempt RUNNING). The outcome is the control
+        # plane's, whoever reached it: the run's current attempt ends with it, as a
+        # replay would, instead of the run staying RUNNING until the next call.
+        try:
+            current = self._ledger.get_run(run.run_id)
+        except DponeError:
+            return  # the ledger is down: the outcome stands, the next call records it
+        if current is not None and current.state is RunState.RUNNING:
+            self._end(current, current.current_attempt, state, error)
 
     def _end(
         self,
@@ -549,10 +562,16 @@ class WorkloadDeliveryService:
         attempt: int | None,
         state: RunState,
         error: RunError | None,
-    ) -> None:
-        """Record how this call ended; a ledger failure never replaces the outcome."""
+    ) -> bool:
+        """Record how this call ended; a ledger failure never replaces the outcome.
+
+        Returns:
+            False when the ledger refused or failed the write (e.g. a newer attempt is
+            current); True when it was recorded, or there is nothing to record.
+
+        """
         if self._ledger is None or run is None or attempt is None:
-            return
+            return True
         try:
             self._ledger.end_attempt(run_id=run.run_id, attempt=attempt, state=state, error=error)
         except DponeError as secondary:  # a newer attempt is current, or the ledger is down
@@ -562,3 +581,5 @@ class WorkloadDeliveryService:
                 secondary.code.value,
                 extra={"dpone": {"event": "secondary", "run_id": run.run_id}},
             )
+            return False
+        return True

@@ -269,7 +269,7 @@ class PostgresDeliveryStore:
         def run(cur: Any) -> None:
             # one migrator at a time per schema, across processes
             cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.locator,))
-            cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+            _pg.create_schema(cur.connection, self._schema)  # the journal may create it too
             cur.execute(
                 self._dialect.q(
                     "CREATE TABLE IF NOT EXISTS {p}dpone_delivery_schema (version integer NOT NULL)"

@@ -18,11 +18,12 @@ from dpone.contracts.checkpoint import (
 )
 
 __all__ = [
+    "POSTGRES_BINDINGS_MIGRATION",
+    "SQLITE_BINDINGS_MIGRATION",
     "Dialect",
     "bind",
     "bound",
     "claim",
-    "ensure_bindings",
     "interval_recorded",
     "list_all",
     "promote",
@@ -176,13 +177,39 @@ def list_all(cur: Any, d: Dialect) -> list[Checkpoint]:
 # A delivery (REST bulk job) promotes its workload's checkpoint once the remote job is
 # proven successful, possibly in another process than the one that submitted it (a
 # ``dpone delivery resume``, an Airflow execute_complete). The binding records, before
-# anything is sent, what the operation promotes. Its own table, created on first use,
-# so neither the journal's migrations nor the delivery control plane's schema change.
-_BINDINGS = (
-    "CREATE TABLE IF NOT EXISTS {p}dpone_checkpoint_bindings ("
-    "operation_id TEXT PRIMARY KEY, stream_id TEXT NOT NULL, workload_id TEXT NOT NULL, "
-    "partition TEXT NOT NULL, target_identity TEXT NOT NULL, origin_us BIGINT NOT NULL, "
-    "start_us BIGINT NOT NULL, end_us BIGINT NOT NULL, created_at DOUBLE PRECISION NOT NULL)"
+# anything is sent, what the operation promotes. Its table is journal schema version 4
+# (the adapters list these in their migrations, which run serialized: SQLite under
+# ``BEGIN IMMEDIATE``, PostgreSQL under an advisory lock). ``IF NOT EXISTS``: a journal
+# used by the first delivery code, which created the table on first use, migrates too.
+SQLITE_BINDINGS_MIGRATION: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS dpone_checkpoint_bindings (
+        operation_id    TEXT PRIMARY KEY,
+        stream_id       TEXT NOT NULL,
+        workload_id     TEXT NOT NULL,
+        partition       TEXT NOT NULL,
+        target_identity TEXT NOT NULL,
+        origin_us       INTEGER NOT NULL,
+        start_us        INTEGER NOT NULL,
+        end_us          INTEGER NOT NULL,
+        created_at      REAL NOT NULL
+    )
+    """,
+)
+POSTGRES_BINDINGS_MIGRATION: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS {s}.dpone_checkpoint_bindings (
+        operation_id    text PRIMARY KEY,
+        stream_id       text NOT NULL,
+        workload_id     text NOT NULL,
+        partition       text NOT NULL,
+        target_identity text NOT NULL,
+        origin_us       bigint NOT NULL,
+        start_us        bigint NOT NULL,
+        end_us          bigint NOT NULL,
+        created_at      float8 NOT NULL
+    )
+    """,
 )
 _BINDING_COLUMNS = "stream_id, workload_id, partition, target_identity, origin_us, start_us, end_us"
 
@@ -207,16 +234,10 @@ def _bound_row(cur: Any, d: Dialect, operation_id: str) -> CheckpointAdvance | N
     )
 
 
-def ensure_bindings(cur: Any, d: Dialect) -> None:
-    """Create the bindings table if it is absent (inside the caller's write transaction)."""
-    cur.execute(d.sql(_BINDINGS))
-
-
 def bind(
     cur: Any, d: Dialect, advance: CheckpointAdvance, *, operation_id: str, at: float
 ) -> CheckpointAdvance:
     """Record what ``operation_id`` promotes (create-if-absent); return the recorded binding."""
-    ensure_bindings(cur, d)
     cur.execute(
         d.sql(
             f"INSERT INTO {{p}}dpone_checkpoint_bindings (operation_id, {_BINDING_COLUMNS}, "
@@ -238,7 +259,7 @@ def bind(
 
 
 def bound(cur: Any, d: Dialect, operation_id: str) -> CheckpointAdvance | None:
-    """Return what ``operation_id`` promotes, or None (no binding, or no table yet)."""
+    """Return what ``operation_id`` promotes, or None (no binding)."""
     return _bound_row(cur, d, operation_id)
 
 

@@ -53,6 +53,9 @@ _STATEMENT_MARGIN_S = 30.0
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 _FROM_PREPARING = frozenset({CommitState.PREPARING})
+#: The oldest schema a read-only open reads as it is (it never migrates): version 4 only
+#: adds the delivery bindings table (_MIGRATIONS), whose absence reads as "binds nothing".
+_READ_ONLY_OLDEST = 3
 
 
 # Migrations, in order; entry N-1 brings the schema to version N. Never edit a released
@@ -163,6 +166,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # the run ledger: runs and their attempts (docs/runs-and-retries.md)
     _ledger_sql.POSTGRES_MIGRATION,
+    # what a REST delivery promotes once its success is verified (docs/delivery.md)
+    _checkpoint_sql.POSTGRES_BINDINGS_MIGRATION,
 )
 #: The schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -207,7 +212,6 @@ class _Statements:
     version_table: str
     installed_version: str
     record_version: str
-    create_schema: str
     create_intent: str
     create_complete: str
     cas: str
@@ -279,7 +283,6 @@ class _Statements:
             ),
             installed_version=f"SELECT COALESCE(max(version), 0) FROM {s}.dpone_schema_version",
             record_version=f"INSERT INTO {s}.dpone_schema_version (version) VALUES (%s)",
-            create_schema=f"CREATE SCHEMA IF NOT EXISTS {s}",
             # A replay (the entry exists) is answered by the same round trip: the second
             # branch reads the row when the INSERT did nothing. Both branches share one
             # snapshot, so a row committed by a concurrent creator after it may be in
@@ -554,6 +557,7 @@ class PostgresCommitJournal:
         self._inherited: list[ConnectionPool[_Conn]] = []
         self._pid = os.getpid()
         self._ready = False
+        self._unborn = False  # read_only found no journal in the schema (version 0)
         self._closed = False
         # libpq's view (host as connected, port, dbname) of our own connections; a
         # target transaction must show the same one to join atomic mode.
@@ -976,14 +980,21 @@ class PostgresCommitJournal:
     def delivery_checkpoint(self, operation_id: str) -> CheckpointAdvance | None:
         """Return what a delivery promotes, or None when it promotes nothing."""
         dialect = self._checkpoints()
+        if self._read_only and not self._ready:
+            try:
+                self._ready_pool()
+            except ConfigInvalid:
+                if self._unborn:
+                    return None  # no journal here yet (e.g. only `dpone delivery send` ran)
+                raise
 
         def read(conn: _Conn) -> CheckpointAdvance | None:
-            with conn.transaction(), conn.cursor() as cur:
-                table = dialect.prefix + "dpone_checkpoint_bindings"
-                row = cur.execute("SELECT to_regclass(%s)", (table,)).fetchone()
-                if row is None or row[0] is None:
-                    return None  # no delivery has bound a checkpoint yet
-                return _checkpoint_sql.bound(cur, dialect, operation_id)
+            try:
+                return _checkpoint_sql.bound(conn.cursor(), dialect, operation_id)
+            except pg_errors.UndefinedTable:
+                if not self._read_only:
+                    raise  # a writable open migrated it: a missing table is an error
+                return None  # read-only on a schema before version 4: it binds nothing
 
         return self._run("read a delivery's checkpoint", read, repeatable=True)
 
@@ -1614,7 +1625,10 @@ class PostgresCommitJournal:
         installed = self._installed_version(conn, missing_ok=True)
         if installed == SCHEMA_VERSION:
             return []  # the usual case: one read, no lock
+        if self._read_only and installed >= _READ_ONLY_OLDEST:
+            return []  # read as it is: a look never migrates (a writer's open does)
         if self._read_only:
+            self._unborn = installed == 0
             raise ConfigInvalid(
                 f"{self._where} has no dpone journal (schema version {installed}); nothing "
                 "has run against it, or the URL or journal_schema is wrong",
@@ -1627,7 +1641,7 @@ class PostgresCommitJournal:
             # lift the statement bound for this transaction only.
             conn.execute("SET LOCAL statement_timeout = 0")
             conn.execute(self._sql.migrate_lock, (f"dpone.journal.migrate:{self._schema}",))
-            conn.execute(self._sql.create_schema)
+            _pg.create_schema(conn, self._schema)  # the delivery store may create it too
             conn.execute(self._sql.version_table)
             current = self._installed_version(conn, missing_ok=False)  # again, under the lock
             quoted = '"' + self._schema + '"'

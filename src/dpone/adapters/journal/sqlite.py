@@ -159,6 +159,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # the run ledger: runs and their attempts (docs/runs-and-retries.md)
     _ledger_sql.SQLITE_MIGRATION,
+    # what a REST delivery promotes once its success is verified (docs/delivery.md)
+    _checkpoint_sql.SQLITE_BINDINGS_MIGRATION,
 )
 #: The schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -686,10 +688,15 @@ class SqliteCommitJournal:
         with self._guard():
             cur = self._connection().cursor()
             cur.row_factory = None
-            exists = cur.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                "AND name = 'dpone_checkpoint_bindings'"
-            ).fetchone()
+            # a read-only open never migrates: a file from before schema version 4 has
+            # no bindings table, so it binds nothing (a writable open has migrated it)
+            exists = (
+                not self._read_only
+                or cur.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                    "AND name = 'dpone_checkpoint_bindings'"
+                ).fetchone()
+            )
             return _checkpoint_sql.bound(cur, _CHECKPOINTS, operation_id) if exists else None
 
     def promote_delivered(self, *, operation_id: str, checkpoint: CheckpointAdvance) -> bool:
