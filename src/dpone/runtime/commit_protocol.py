@@ -47,13 +47,23 @@ from dpone.runtime import failpoints
 from dpone.runtime.lease import LeaseKeeper, acquire
 from dpone.runtime.rows import RowTally, counted, within_interval
 
-__all__ = ["CommitProtocol", "OperationSpec"]
+__all__ = ["UNREAD", "CommitProtocol", "OperationSpec", "RunFold"]
 
 S = CommitState
 _log = logging.getLogger("dpone.runtime")
 _MAX_RESTARTS = 5
 _FIRST_EPOCH = 1  # the lease epoch an entry is born with (create + lease, ADR 0002)
 _BORN_COMMITTING = 2  # the version of an entry created COMMITTING (ADR 0003)
+
+
+class _Unread:
+    """The journal entry was not read yet (``CommitProtocol.run(known=...)``)."""
+
+    __slots__ = ()
+
+
+#: ``CommitProtocol.run(known=UNREAD)``: read the entry first (the default).
+UNREAD = _Unread()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +79,23 @@ class OperationSpec:
     lease_ttl_seconds: float = 60.0
     #: the stream watermark this operation's COMPLETE promotes (incremental workloads)
     checkpoint: CheckpointAdvance | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RunFold:
+    """The run ledger's part of a folded atomic first attempt (ADR 0008).
+
+    Offered by the run service when the run is new. ``write`` records the run COMPLETE
+    at attempt 1 inside the target transaction of the folded first attempt, so the run
+    exists exactly when the write does. Whenever the protocol does anything else (no
+    fold possible, another executor was first, the transaction failed) it first calls
+    ``decline``, which records the run the ordinary way. ``committed`` is set once the
+    folded transaction committed: the run is then complete and nothing is left to write.
+    """
+
+    write: Callable[[object], None]
+    decline: Callable[[], object]
+    committed: bool = False
 
 
 class CommitProtocol:
@@ -123,8 +150,18 @@ class CommitProtocol:
         return RunMode.ATOMIC if self._atomic is not None else RunMode.FORWARD_RECOVERY
 
     # ------------------------------------------------------------------ entry point
-    def run(self, spec: OperationSpec) -> OperationResult:
+    def run(
+        self,
+        spec: OperationSpec,
+        *,
+        known: JournalEntry | _Unread | None = UNREAD,
+        run_fold: RunFold | None = None,
+    ) -> OperationResult:
         """Run or resume ``spec`` until COMPLETE.
+
+        ``known``: the entry as the caller just read it (None: no entry), saving the
+        protocol's own read; every write still re-checks what it assumes. ``run_fold``:
+        the run ledger's rows for a folded atomic first attempt (ADR 0008).
 
         Raises:
             IntentConflict: the operation exists with another intent (before target I/O).
@@ -135,12 +172,16 @@ class CommitProtocol:
 
         """
         held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
-        existing = self._journal.get(spec.operation_id)
-        if existing is None and self._fold is not None and self._may_fold(spec):
-            folded = self._atomic_first(spec, self._fold)
+        existing = (
+            self._journal.get(spec.operation_id) if isinstance(known, _Unread) else known
+        )
+        if existing is None and self._fold is not None and self._may_fold(spec, run_fold):
+            folded = self._atomic_first(spec, self._fold, run_fold)
             if folded is not None:
                 return folded
             existing = self._journal.get(spec.operation_id)  # another executor was first
+        elif run_fold is not None:
+            run_fold.decline()  # the run is recorded before anything else happens
         if existing is not None:
             self._check_intent(existing, spec)
             if existing.state is S.COMPLETE:
@@ -581,7 +622,7 @@ class CommitProtocol:
             )
         return cast(CheckpointStorePort, journal)
 
-    def _may_fold(self, spec: OperationSpec) -> bool:
+    def _may_fold(self, spec: OperationSpec, run_fold: RunFold | None) -> bool:
         """Whether the atomic first attempt may run as one transaction (ADR 0003).
 
         Not for an incremental operation: its checkpoint is promoted by the COMPLETE
@@ -591,12 +632,19 @@ class CommitProtocol:
         is in its own transaction now), this one still folds without a ledger record:
         the fence row lock and the journal's primary key decide between the two, and
         the loser records nothing (FENCE_UNAVAILABLE, or the unfolded path after a
-        JournalConflict).
+        JournalConflict). With a ``run_fold`` (a new run, ADR 0008) the run and attempt 1
+        are written inside the transaction instead, so nothing is recorded before it.
         """
         if spec.checkpoint is not None:
             return False
+        if run_fold is None:
+            self._record_first_attempt(spec)
+        return True
+
+    def _record_first_attempt(self, spec: OperationSpec) -> None:
+        """Record attempt 1 (the lease epoch a folded first attempt writes at)."""
         if self._on_attempt is None:
-            return True
+            return
         first = JournalEntry(
             operation_id=spec.operation_id,
             intent_digest=spec.intent_digest,
@@ -614,10 +662,30 @@ class CommitProtocol:
             self._on_attempt(first)
         except LeaseLost:
             pass  # attempt 1 is another executor's: the fence and the primary key decide
-        return True
+
+    def _unfold_failed(self, spec: OperationSpec, run_fold: RunFold, primary: DponeError) -> None:
+        """The folded transaction (with the run in it) failed: record run and attempt 1 now.
+
+        As before ADR 0008, when attempt 1 was recorded before the transaction. Not for a
+        lock or connection failure: another executor (or the server) is busy, maybe with
+        this very run inside its own transaction, and a run row written now would only
+        wait for it or make its commit fail; the ledger then records nothing, as the
+        journal does (ADR 0003). A ledger failure here never replaces ``primary``.
+        """
+        if isinstance(primary, FenceUnavailable | JournalUnavailable):
+            return
+        try:
+            run_fold.decline()
+            self._record_first_attempt(spec)
+        except DponeError as secondary:
+            _log.warning(
+                "could not record the failed attempt in the run ledger (%s)",
+                secondary.code.value,
+                extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
+            )
 
     def _atomic_first(
-        self, spec: OperationSpec, journal: FoldingJournalPort
+        self, spec: OperationSpec, journal: FoldingJournalPort, run_fold: RunFold | None
     ) -> OperationResult | None:
         """A new operation in atomic mode: entry, data and fence in ONE target transaction.
 
@@ -625,9 +693,9 @@ class CommitProtocol:
         commits the fence (ADR 0003): create, lease and COMPLETE need no durability
         point of their own, and a crash anywhere before the commit leaves nothing at all.
         Returns None when another executor got there first (its fence or its entry
-        refused ours, and everything rolled back): the caller reads the journal.
+        refused ours, and everything rolled back): the caller reads the journal. With a
+        ``run_fold`` the run ledger's rows are written in the same transaction (ADR 0008).
         """
-        self._connector.check_plan(spec.plan)  # read-only: fail before any write
         tally = RowTally()
         written: list[JournalEntry] = []
         fence = FenceObservation(
@@ -640,6 +708,8 @@ class CommitProtocol:
         def within(txn: object) -> None:
             failpoints.hit("fence.mutate.before_commit")
             failpoints.hit("before:journal.create")
+            if run_fold is not None:
+                run_fold.write(txn)  # queued: the entry's INSERT below reads both results
             written.append(
                 journal.create_complete_within(
                     txn,
@@ -654,7 +724,13 @@ class CommitProtocol:
             failpoints.hit("after:journal.create")
             failpoints.hit("before:COMPLETE")
 
-        failpoints.hit("before:fence.mutate")
+        try:
+            self._connector.check_plan(spec.plan)  # read-only: fail before any write
+            failpoints.hit("before:fence.mutate")
+        except DponeError as exc:
+            if run_fold is not None:
+                self._unfold_failed(spec, run_fold, exc)
+            raise
         try:
             self._connector.mutate(
                 operation_id=spec.operation_id,
@@ -667,10 +743,17 @@ class CommitProtocol:
                 prepare=True,
             )
         except (FencedOut, JournalConflict):
-            return None  # rolled back: the fence or the entry belongs to another executor
+            # rolled back: the fence, the entry or the run belongs to another executor
+            if run_fold is not None:
+                run_fold.decline()
+            return None
         except DponeError as exc:
+            if run_fold is not None:
+                self._unfold_failed(spec, run_fold, exc)
             self._record_failed_first(spec, exc)
             raise
+        if run_fold is not None:
+            run_fold.committed = True
         failpoints.hit("after:fence.mutate")
         failpoints.hit("after:COMPLETE")
         done = written[-1]

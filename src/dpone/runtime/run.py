@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.journal import JournalEntry
@@ -44,8 +45,8 @@ from dpone.errors import (
     RunKeyConflict,
     recovery_ref,
 )
-from dpone.ports.ledger import RunLedgerPort
-from dpone.runtime.commit_protocol import CommitProtocol, OperationSpec
+from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
+from dpone.runtime.commit_protocol import UNREAD, CommitProtocol, OperationSpec, RunFold
 from dpone.runtime.retry import RetryPolicy, call_with_retries
 
 __all__ = ["RunRequest", "RunService", "run_state_for"]
@@ -86,6 +87,15 @@ class RunService:
         self._ledger = ledger
         self._retry = retry or RetryPolicy()
         self._owner = owner
+        # optional abilities of a ledger kept beside the journal (ADR 0008)
+        self._lookup: LookupLedgerPort | None = (
+            cast(LookupLedgerPort, ledger) if callable(getattr(ledger, "find_run", None)) else None
+        )
+        self._folding: FoldingLedgerPort | None = (
+            cast(FoldingLedgerPort, ledger)
+            if callable(getattr(ledger, "complete_run_writer", None))
+            else None
+        )
 
     def run(
         self, request: RunRequest, spec: OperationSpec, make_protocol: ProtocolFactory
@@ -123,15 +133,47 @@ class RunService:
         spec: OperationSpec,
         make_protocol: ProtocolFactory,
     ) -> OperationResult:
-        run, created = self._ledger.begin_run(start)
-        self._emit(run, "run" if created else "replay")
-        if not created:
-            _check_replay(run, start)
+        known: JournalEntry | None | object = UNREAD
+        recorded: list[RunRecord] = []  # the run, once read or recorded by this try
+        lookup = self._lookup
+        if lookup is not None:
+            # one read for the run and the operation's entry: a finished run's replay
+            # needs nothing else (ADR 0008)
+            found, known = lookup.find_run(
+                idempotency_key=start.idempotency_key, operation_id=start.operation_id
+            )
+            if found is not None:
+                self._emit(found, "replay")
+                _check_replay(found, start)
+                recorded.append(found)
+
+        def ensure_run() -> RunRecord:
+            if not recorded:
+                run, created = self._ledger.begin_run(start)
+                self._emit(run, "run" if created else "replay")
+                if not created:
+                    _check_replay(run, start)
+                recorded.append(run)
+            return recorded[0]
+
+        fold: RunFold | None = None
+        if not recorded and known is None and self._folding is not None:
+            # a new run of a new operation: the protocol may write the run inside its
+            # folded atomic first attempt, or records it first (``decline``)
+            fold = RunFold(
+                write=self._folding.complete_run_writer(
+                    start, owner=self._owner, provenance=request.provenance
+                ),
+                decline=ensure_run,
+            )
+        else:
+            ensure_run()
         mine: list[int] = []
 
         def record_attempt(entry: JournalEntry) -> None:
             if entry.state in _NOTHING_TO_DISPATCH:
                 return  # the lease only finds the recorded outcome: not an attempt
+            run = ensure_run()
             self._ledger.begin_attempt(
                 run_id=run.run_id,
                 attempt=entry.lease_epoch,
@@ -141,16 +183,31 @@ class RunService:
             mine.append(entry.lease_epoch)
 
         try:
-            result = make_protocol(record_attempt).run(spec)
+            protocol = make_protocol(record_attempt)
+            if known is UNREAD and fold is None:
+                result = protocol.run(spec)
+            else:
+                result = protocol.run(spec, known=cast("JournalEntry | None", known), run_fold=fold)
         except LeaseHeld as exc:
             # in flight in another process: that attempt owns the run; record nothing
-            exc.hint = exc.hint or f"run {run.run_id} is in flight; rerun later to see it"
+            run_id = recorded[0].run_id if recorded else start.run_id
+            exc.hint = exc.hint or f"run {run_id} is in flight; rerun later to see it"
             raise
         except Exception as exc:
-            self._end(run, mine, run_state_for(exc), RunError.of(exc))
+            if recorded:  # else the try recorded nothing (ADR 0008): nothing to end
+                self._end(recorded[0], mine, run_state_for(exc), RunError.of(exc))
             raise
-        attempt = self._end(run, mine, RunState.COMPLETE, None)
-        return dataclasses.replace(result, run_id=run.run_id, attempt=attempt or None)
+        if fold is not None and fold.committed:
+            # the run, attempt 1 and their COMPLETE end committed with the write
+            _log.info(
+                "run %s attempt 1 (COMPLETE, recorded with the write)",
+                start.run_id,
+                extra={"dpone": {"event": "run", "run_id": start.run_id, "attempt": 1}},
+            )
+            return dataclasses.replace(result, run_id=start.run_id, attempt=1)
+        attempt = self._end(ensure_run(), mine, RunState.COMPLETE, None)
+        run_id = recorded[0].run_id
+        return dataclasses.replace(result, run_id=run_id, attempt=attempt or None)
 
     def _end(self, run: RunRecord, mine: list[int], state: RunState, error: RunError | None) -> int:
         """Record how this try ended; a ledger failure never replaces the primary outcome.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
         FoldingJournalPort,
         ForwardFoldingJournalPort,
     )
-    from dpone.ports.ledger import RunLedgerPort
+    from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
 
@@ -169,6 +169,7 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 # ---------------------------------------------------------------------- SQL
+_RUN_WIDTH = 15  # columns of _ledger_sql.run_columns
 def _entry_columns(alias: str) -> str:
     a = alias
     return (
@@ -544,6 +545,18 @@ class PostgresCommitJournal:
             f"{round((self._lock_timeout_s + _STATEMENT_MARGIN_S) * 1000)}ms",
         )
         self._sql = _Statements.build(schema)
+        self._ledger_dialect = _ledger_sql.LedgerDialect(
+            placeholder="%s", prefix=f'"{schema}".', now="now()", postgres=True
+        )
+        # the run under a key and the operation's entry, side by side in one row
+        self._find_run = (
+            "SELECT r.*, e.* FROM (SELECT 1) AS one "
+            "LEFT JOIN LATERAL (SELECT "
+            f"{_ledger_sql.run_columns(self._ledger_dialect)} FROM \"{schema}\".dpone_runs "
+            "WHERE idempotency_key = %s) AS r ON true "
+            f"LEFT JOIN LATERAL (SELECT {_entry_columns('j')} FROM \"{schema}\".dpone_journal "
+            "AS j WHERE j.operation_id = %s) AS e ON true"
+        )
         self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
         self._lock = threading.Lock()
         self._pool: ConnectionPool[_Conn] | None = None
@@ -1220,11 +1233,59 @@ class PostgresCommitJournal:
             ),
         )
 
+    def find_run(
+        self, *, idempotency_key: str, operation_id: str
+    ) -> tuple[RunRecord | None, JournalEntry | None]:
+        """Return the run under the key and the operation's journal entry, in one read.
+
+        The replay of a finished run needs nothing else (ADR 0008): one round trip on a
+        journal session, no write.
+        """
+        row = self._run(
+            "read the run and its journal entry",
+            lambda conn: conn.execute(self._find_run, (idempotency_key, operation_id)).fetchone(),
+            repeatable=True,
+        )
+        assert row is not None  # noqa: S101 - the outer SELECT always returns one row
+        width = _RUN_WIDTH
+        run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
+        entry = None if row[width] is None else _entry(tuple(row[width:]))
+        return run, entry
+
+    def complete_run_writer(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
+    ) -> Callable[[object], None]:
+        """Check the run now; return the writer of the run COMPLETE in the target transaction.
+
+        The folded atomic first attempt (ADR 0008): the run, attempt 1 and their
+        COMPLETE end commit with the rows, the fence and the journal entry, or not at
+        all. In a pipelined transaction the statement is only queued: its error, if any,
+        is raised by the next statement that reads a result (the journal entry's INSERT,
+        which turns a unique violation into ``JournalConflict``).
+        """
+        params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
+        dialect = self._ledger_dialect
+
+        def write(txn: object) -> None:
+            if not isinstance(txn, psycopg.Connection):
+                raise TypeError("txn must be the target's psycopg.Connection")
+            self._check_txn(txn)
+            try:
+                with txn.cursor(row_factory=tuple_row) as cur:
+                    _ledger_sql.complete_run(cur, dialect, params)
+            except pg_errors.UniqueViolation as exc:
+                raise JournalConflict(
+                    "the run was recorded by another executor first; read it and decide again",
+                    operation_id=start.operation_id,
+                ) from exc
+            except psycopg.Error as exc:
+                raise self._translate(exc, "record the run in the target transaction") from exc
+
+        return write
+
     def _ledger(self, action: str, work: Callable[[_ledger_sql.LedgerDialect, _Conn], _T]) -> _T:
         """Run ledger statements in one transaction; every ledger write is repeatable."""
-        dialect = _ledger_sql.LedgerDialect(
-            placeholder="%s", prefix=f'"{self._schema}".', now="now()", postgres=True
-        )
+        dialect = self._ledger_dialect
 
         # Every ledger write is one statement (the PostgreSQL branches of _ledger_sql), run
         # on its own autocommit session whose commits do not wait for their WAL flush.
@@ -1342,7 +1403,11 @@ class PostgresCommitJournal:
         """Refuse a target transaction that is not open or not in this journal's database."""
         server = self._server_identity()
         info = txn.info
-        if info.transaction_status != TransactionStatus.INTRANS:
+        status = info.transaction_status
+        # in pipeline mode a statement queued in the transaction (the run ledger's,
+        # ADR 0008) shows it ACTIVE until the next result is read
+        queued = status == TransactionStatus.ACTIVE and info.pipeline_status != PipelineStatus.OFF
+        if status != TransactionStatus.INTRANS and not queued:
             raise ValueError(
                 "txn must be inside an open, healthy transaction: atomic mode needs it"
             )
@@ -1650,6 +1715,12 @@ if TYPE_CHECKING:
         return journal
 
     def _keeps_runs(journal: PostgresCommitJournal) -> RunLedgerPort:
+        return journal
+
+    def _finds_runs(journal: PostgresCommitJournal) -> LookupLedgerPort:
+        return journal
+
+    def _folds_runs(journal: PostgresCommitJournal) -> FoldingLedgerPort:
         return journal
 
     def _conforms_forward(journal: PostgresCommitJournal) -> ForwardFoldingJournalPort:
