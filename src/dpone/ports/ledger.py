@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from dpone.contracts.evidence import SafeMapping
@@ -90,8 +90,9 @@ class LookupLedgerPort(RunLedgerPort, Protocol):
     def find_run(
         self, *, idempotency_key: str, operation_id: str
     ) -> tuple[RunRecord | None, JournalEntry | None]:
-        """Return the run recorded under ``idempotency_key`` and the journal entry of
-        ``operation_id`` (each None when absent), read in one statement, writing nothing.
+        """Return the run under ``idempotency_key`` and the entry of ``operation_id``.
+
+        Each is None when absent; both are read in one statement, and nothing is written.
 
         Raises:
             JournalUnavailable: the store could not be read.
@@ -110,9 +111,11 @@ class FoldingLedgerPort(RunLedgerPort, Protocol):
     def complete_run_writer(
         self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
     ) -> Callable[[object], None]:
-        """Check the run's values now and return a function that, given the target's
-        open ``psycopg`` transaction, inserts the run COMPLETE at attempt 1 with that
-        attempt COMPLETE (one statement; never begins, commits or rolls back).
+        """Check the run's values now; return the writer of the run in a target transaction.
+
+        Given the target's open ``psycopg`` transaction, the writer inserts the run
+        COMPLETE at attempt 1 with that attempt COMPLETE (one statement; it never begins,
+        commits or rolls back).
 
         The writer raises ``JournalConflict`` when the key is already recorded (the
         caller rolls back and takes the unfolded path) and ``JournalUnavailable`` when
@@ -121,5 +124,34 @@ class FoldingLedgerPort(RunLedgerPort, Protocol):
         Raises:
             UnsafeValue: provenance or access hold a secret-looking value (checked here,
                 before any write).
+        """
+        ...
+
+    def create_committing_with_run(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[JournalEntry, bool]:
+        """Create the entry COMMITTING with the new run RUNNING at attempt 1, in one write.
+
+        The entry as ``ForwardFoldingJournalPort.create_committing`` creates it; the run
+        and its attempt 1 owned by ``actor``; one journal transaction.
+
+        Returns:
+            ``(entry, run_recorded)``: when the entry or the run already existed nothing
+            of the combined write is kept, the entry is created or found alone and
+            ``run_recorded`` is False (the caller records the run the ordinary way).
+
+        Raises:
+            UnsafeValue: provenance or access hold a secret-looking value.
+            IntentConflict: the entry exists with another intent digest.
+            JournalUnavailable: the journal could not be written.
         """
         ...

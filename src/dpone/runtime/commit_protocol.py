@@ -47,7 +47,7 @@ from dpone.runtime import failpoints
 from dpone.runtime.lease import LeaseKeeper, acquire
 from dpone.runtime.rows import RowTally, counted, within_interval
 
-__all__ = ["UNREAD", "CommitProtocol", "OperationSpec", "RunFold"]
+__all__ = ["UNREAD", "CommitProtocol", "OperationSpec", "RunFold", "Unread"]
 
 S = CommitState
 _log = logging.getLogger("dpone.runtime")
@@ -56,14 +56,14 @@ _FIRST_EPOCH = 1  # the lease epoch an entry is born with (create + lease, ADR 0
 _BORN_COMMITTING = 2  # the version of an entry created COMMITTING (ADR 0003)
 
 
-class _Unread:
+class Unread:
     """The journal entry was not read yet (``CommitProtocol.run(known=...)``)."""
 
     __slots__ = ()
 
 
 #: ``CommitProtocol.run(known=UNREAD)``: read the entry first (the default).
-UNREAD = _Unread()
+UNREAD = Unread()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,11 +91,18 @@ class RunFold:
     fold possible, another executor was first, the transaction failed) it first calls
     ``decline``, which records the run the ordinary way. ``committed`` is set once the
     folded transaction committed: the run is then complete and nothing is left to write.
+    In forward mode ``create_committing`` records the run RUNNING at attempt 1 in the
+    journal write that creates the entry leased at epoch 1 (``begun``).
     """
 
     write: Callable[[object], None]
     decline: Callable[[], object]
+    #: forward mode: create the entry COMMITTING together with the run RUNNING at
+    #: attempt 1; returns ``(entry, run_recorded)`` (``FoldingLedgerPort``)
+    create_committing: Callable[..., tuple[JournalEntry, bool]] | None = None
     committed: bool = False
+    #: the run and attempt 1 were recorded with the entry (forward mode)
+    begun: bool = False
 
 
 class CommitProtocol:
@@ -154,7 +161,7 @@ class CommitProtocol:
         self,
         spec: OperationSpec,
         *,
-        known: JournalEntry | _Unread | None = UNREAD,
+        known: JournalEntry | Unread | None = UNREAD,
         run_fold: RunFold | None = None,
     ) -> OperationResult:
         """Run or resume ``spec`` until COMPLETE.
@@ -172,15 +179,13 @@ class CommitProtocol:
 
         """
         held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
-        existing = (
-            self._journal.get(spec.operation_id) if isinstance(known, _Unread) else known
-        )
+        existing = self._journal.get(spec.operation_id) if isinstance(known, Unread) else known
         if existing is None and self._fold is not None and self._may_fold(spec, run_fold):
             folded = self._atomic_first(spec, self._fold, run_fold)
             if folded is not None:
                 return folded
             existing = self._journal.get(spec.operation_id)  # another executor was first
-        elif run_fold is not None:
+        elif run_fold is not None and (existing is not None or run_fold.create_committing is None):
             run_fold.decline()  # the run is recorded before anything else happens
         if existing is not None:
             self._check_intent(existing, spec)
@@ -191,8 +196,13 @@ class CommitProtocol:
                 raise self._unknown(existing)
         else:
             # read-only: a target that cannot take the rows fails before any write
-            self._connector.check_plan(spec.plan)
-            existing = self._create(spec)
+            try:
+                self._connector.check_plan(spec.plan)
+            except DponeError:
+                if run_fold is not None and not run_fold.begun:
+                    self._decline_quietly(spec, run_fold)
+                raise
+            existing = self._create(spec, run_fold)
             self._check_intent(existing, spec)
             # only this executor leases with its owner label: ours means born just now
             if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
@@ -224,7 +234,7 @@ class CommitProtocol:
                     return self._recorded(current, replayed=True)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _create(self, spec: OperationSpec) -> JournalEntry:
+    def _create(self, spec: OperationSpec, run_fold: RunFold | None) -> JournalEntry:
         """Create the entry leased to us (or return the one that exists).
 
         Forward mode with a journal that can: born COMMITTING, one write for create,
@@ -234,6 +244,21 @@ class CommitProtocol:
         failpoints.hit("before:journal.create")
         if self._forward_fold is not None:
             failpoints.hit("before:COMMITTING")
+            if run_fold is not None and run_fold.create_committing is not None:
+                # the new run and its attempt 1 in the same journal write (ADR 0008)
+                entry, recorded = run_fold.create_committing(
+                    operation_id=spec.operation_id,
+                    intent_digest=spec.intent_digest,
+                    metadata=spec.metadata,
+                    actor=self._owner,
+                    lease_ttl_seconds=spec.lease_ttl_seconds,
+                    evidence={"fence_epoch": _FIRST_EPOCH},
+                )
+                if recorded:
+                    run_fold.begun = True
+                else:
+                    run_fold.decline()
+                return entry
             return self._forward_fold.create_committing(
                 operation_id=spec.operation_id,
                 intent_digest=spec.intent_digest,
@@ -242,6 +267,8 @@ class CommitProtocol:
                 lease_ttl_seconds=spec.lease_ttl_seconds,
                 evidence={"fence_epoch": _FIRST_EPOCH},
             )
+        if run_fold is not None:
+            run_fold.decline()
         return self._journal.create_intent(
             operation_id=spec.operation_id,
             intent_digest=spec.intent_digest,
@@ -674,15 +701,27 @@ class CommitProtocol:
         """
         if isinstance(primary, FenceUnavailable | JournalUnavailable):
             return
+        if self._decline_quietly(spec, run_fold):
+            try:
+                self._record_first_attempt(spec)
+            except DponeError as secondary:
+                self._ledger_secondary(spec, secondary)
+
+    def _decline_quietly(self, spec: OperationSpec, run_fold: RunFold) -> bool:
+        """Record the run after a failure; False (logged) when the ledger refused."""
         try:
             run_fold.decline()
-            self._record_first_attempt(spec)
         except DponeError as secondary:
-            _log.warning(
-                "could not record the failed attempt in the run ledger (%s)",
-                secondary.code.value,
-                extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
-            )
+            self._ledger_secondary(spec, secondary)
+            return False
+        return True
+
+    def _ledger_secondary(self, spec: OperationSpec, secondary: DponeError) -> None:
+        _log.warning(
+            "could not record the failed attempt in the run ledger (%s)",
+            secondary.code.value,
+            extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
+        )
 
     def _atomic_first(
         self, spec: OperationSpec, journal: FoldingJournalPort, run_fold: RunFold | None

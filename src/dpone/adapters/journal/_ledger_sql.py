@@ -29,8 +29,9 @@ __all__ = [
     "LedgerDialect",
     "begin_attempt",
     "begin_run",
-    "complete_run",
+    "complete_run_params",
     "end_attempt",
+    "first_attempt_sql",
     "get_run",
     "list_attempts",
     "list_runs",
@@ -292,7 +293,8 @@ def begin_run(cur: _Cursor, d: LedgerDialect, start: RunStart) -> tuple[RunRecor
 def complete_run_params(
     start: RunStart, *, owner: str, provenance: SafeMapping | None
 ) -> tuple[object, ...]:
-    """Check a folded run's values (before any write) and return :func:`complete_run`'s."""
+    """Check a folded run's values (before any write); the parameters of
+    :func:`first_attempt_sql`."""
     check_start(start)
     _rules.safe_actor(owner)
     origin = safe_mapping(provenance, allowed=PROVENANCE_KEYS)
@@ -310,24 +312,26 @@ def complete_run_params(
     )
 
 
-def complete_run(cur: _Cursor, d: LedgerDialect, params: tuple[object, ...]) -> None:
-    """Insert a run already COMPLETE at attempt 1, with that attempt COMPLETE (ADR 0008).
+def first_attempt_sql(d: LedgerDialect, *, complete: bool) -> str:
+    """A new run at attempt 1 with that attempt, both COMPLETE or both RUNNING (ADR 0008).
 
-    One statement, inside the target transaction of a folded atomic first attempt: the
-    run and its attempt exist exactly when the write does. A key already recorded is a
-    unique violation (the caller's transaction rolls back and takes the unfolded path).
+    One statement (parameters: :func:`complete_run_params`), run inside the transaction
+    that also writes what the attempt did: the target transaction of a folded atomic
+    first attempt (COMPLETE), or the journal write that creates the entry COMMITTING
+    leased at epoch 1 (RUNNING). The run and its attempt exist exactly when that write
+    does. A key already recorded is a unique violation: the caller's transaction rolls
+    back and it takes the unfolded path.
     """
     j = d.json_param()
-    cur.execute(
-        d.sql(
-            "WITH run AS (INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, "
-            "request_hash, definition_hash, access_digest, access, provenance, state, "
-            f"current_attempt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, {j}, {j}, "
-            "'COMPLETE', 1, NOW, NOW) RETURNING run_id) "
-            "INSERT INTO dpone_run_attempts (run_id, attempt, owner, provenance, state, "
-            f"started_at, ended_at) SELECT run_id, 1, ?, {j}, 'COMPLETE', NOW, NOW FROM run"
-        ),
-        params,
+    state = "'COMPLETE'" if complete else "'RUNNING'"
+    ended = "NOW" if complete else "NULL"
+    return d.sql(
+        "WITH run AS (INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, "
+        "request_hash, definition_hash, access_digest, access, provenance, state, "
+        f"current_attempt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, {j}, {j}, "
+        f"{state}, 1, NOW, NOW) RETURNING run_id) "
+        "INSERT INTO dpone_run_attempts (run_id, attempt, owner, provenance, state, "
+        f"started_at, ended_at) SELECT run_id, 1, ?, {j}, {state}, NOW, {ended} FROM run"
     )
 
 

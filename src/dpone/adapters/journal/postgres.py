@@ -170,6 +170,8 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 # ---------------------------------------------------------------------- SQL
 _RUN_WIDTH = 15  # columns of _ledger_sql.run_columns
+
+
 def _entry_columns(alias: str) -> str:
     a = alias
     return (
@@ -548,13 +550,15 @@ class PostgresCommitJournal:
         self._ledger_dialect = _ledger_sql.LedgerDialect(
             placeholder="%s", prefix=f'"{schema}".', now="now()", postgres=True
         )
+        self._run_complete = _ledger_sql.first_attempt_sql(self._ledger_dialect, complete=True)
+        self._run_running = _ledger_sql.first_attempt_sql(self._ledger_dialect, complete=False)
         # the run under a key and the operation's entry, side by side in one row
         self._find_run = (
             "SELECT r.*, e.* FROM (SELECT 1) AS one "
             "LEFT JOIN LATERAL (SELECT "
-            f"{_ledger_sql.run_columns(self._ledger_dialect)} FROM \"{schema}\".dpone_runs "
+            f'{_ledger_sql.run_columns(self._ledger_dialect)} FROM "{schema}".dpone_runs '
             "WHERE idempotency_key = %s) AS r ON true "
-            f"LEFT JOIN LATERAL (SELECT {_entry_columns('j')} FROM \"{schema}\".dpone_journal "
+            f'LEFT JOIN LATERAL (SELECT {_entry_columns("j")} FROM "{schema}".dpone_journal '
             "AS j WHERE j.operation_id = %s) AS e ON true"
         )
         self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
@@ -764,6 +768,78 @@ class PostgresCommitJournal:
         if entry.intent_digest != intent_digest:
             raise _rules.intent_conflict(entry)
         return entry
+
+    def create_committing_with_run(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[JournalEntry, bool]:
+        """``create_committing`` and the new run at attempt 1 (RUNNING) in one transaction.
+
+        Forward mode's first attempt (ADR 0008): the run, its attempt 1 (the lease epoch
+        the entry is born with, owned by ``actor``) and the entry COMMITTING commit
+        together, in one pipelined round trip and one WAL flush. When the entry or the
+        run already exists, nothing of this write is kept: the entry is then created (or
+        found) by ``create_committing`` alone and the second value is False (the caller
+        records the run the ordinary way).
+
+        Returns:
+            ``(entry, run_recorded)``.
+
+        Raises:
+            UnsafeValue: provenance or access hold a secret-looking value (before I/O).
+            IntentConflict: the entry exists with another intent digest.
+            JournalUnavailable: the journal could not be written.
+        """
+        run_params = _ledger_sql.complete_run_params(start, owner=actor, provenance=provenance)
+        params = self._born_params(
+            CommitState.COMMITTING,
+            ttl=_rules.check_ttl(lease_ttl_seconds),
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=None,
+            evidence=evidence,
+        )
+
+        def write(conn: _Conn) -> tuple[Any, ...] | None:
+            try:
+                with conn.pipeline() as pipeline:
+                    conn.execute(b"BEGIN")
+                    conn.execute(self._run_running, run_params)
+                    cur = conn.execute(self._sql.create_complete, params)
+                    conn.execute(b"COMMIT")
+                    pipeline.sync()
+                    return cur.fetchone()
+            except pg_errors.UniqueViolation:
+                # the entry or the run exists: nothing was kept; end the failed transaction
+                if conn.info.transaction_status is not TransactionStatus.IDLE:
+                    conn.execute(b"ROLLBACK")
+                return None
+
+        # Repeating is safe: a write that did commit makes the repeat a unique violation,
+        # and the plain create below then finds the entry (ours: the caller resumes it).
+        row = self._run("record the intent and the run", write, repeatable=True)
+        if row is None:
+            entry = self.create_committing(
+                operation_id=operation_id,
+                intent_digest=intent_digest,
+                metadata=metadata,
+                actor=actor,
+                lease_ttl_seconds=lease_ttl_seconds,
+                evidence=evidence,
+            )
+            return entry, False
+        entry = _entry(row)
+        return entry, True
 
     def compare_and_set(
         self,
@@ -1264,7 +1340,7 @@ class PostgresCommitJournal:
         which turns a unique violation into ``JournalConflict``).
         """
         params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
-        dialect = self._ledger_dialect
+        statement = self._run_complete
 
         def write(txn: object) -> None:
             if not isinstance(txn, psycopg.Connection):
@@ -1272,7 +1348,7 @@ class PostgresCommitJournal:
             self._check_txn(txn)
             try:
                 with txn.cursor(row_factory=tuple_row) as cur:
-                    _ledger_sql.complete_run(cur, dialect, params)
+                    cur.execute(statement, params)
             except pg_errors.UniqueViolation as exc:
                 raise JournalConflict(
                     "the run was recorded by another executor first; read it and decide again",
