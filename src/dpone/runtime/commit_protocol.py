@@ -40,6 +40,7 @@ from dpone.ports.journal import (
     CommitJournalPort,
     FoldingJournalPort,
     ForwardFoldingJournalPort,
+    ProvenCompletionJournalPort,
     TransactionalJournalPort,
 )
 from dpone.ports.source import SourcePort
@@ -142,6 +143,12 @@ class CommitProtocol:
         self._fold: FoldingJournalPort | None = (
             cast(FoldingJournalPort, atomic_journal)
             if getattr(atomic_journal, "create_complete_within", None) is not None
+            else None
+        )
+        # A journal that can record a COMPLETE the fence proves without flushing it
+        self._proven: ProvenCompletionJournalPort | None = (
+            cast(ProvenCompletionJournalPort, journal)
+            if callable(getattr(journal, "complete_proven", None))
             else None
         )
         # Forward mode with a journal that can create an entry already COMMITTING
@@ -485,6 +492,9 @@ class CommitProtocol:
                 result=result,
                 evidence=_proof(observation),
                 checkpoint=spec.checkpoint,
+                # the fence shows the commit: COMPLETE needs no flush of its own (ADR 0008)
+                proven=self._connector.capability is not FenceCapability.NONE
+                and observation.status is FenceStatus.COMMITTED,
             )
         except JournalConflict:
             current = self._journal.get(spec.operation_id)
@@ -880,10 +890,21 @@ class CommitProtocol:
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
         checkpoint: CheckpointAdvance | None = None,
+        proven: bool = False,
     ) -> JournalEntry:
         failpoints.hit(f"before:{next_state.value}")
         final = next_state is S.COMPLETE  # the lease ends with the operation, same write
-        if final and checkpoint is not None:
+        if final and proven and checkpoint is None and self._proven is not None:
+            new = self._proven.complete_proven(
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                expected_states=frozenset({entry.state}),
+                lease_epoch=entry.lease_epoch,
+                actor=self._owner,
+                result=result or {},
+                evidence=evidence,
+            )
+        elif final and checkpoint is not None:
             # the watermark moves in the same journal transaction as COMPLETE
             new = self._checkpoints(self._journal).complete_with_checkpoint(
                 operation_id=entry.operation_id,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from dpone.ports.journal import (
         FoldingJournalPort,
         ForwardFoldingJournalPort,
+        ProvenCompletionJournalPort,
     )
     from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
 
@@ -883,6 +884,53 @@ class PostgresCommitJournal:
             "write the journal state",
             lambda conn: self._cas(conn, query, params, expected_states=expected_states),
             repeatable=False,
+        )
+
+    def complete_proven(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """COMPLETE (lease ended) on an asynchronous-commit session: no flush of its own.
+
+        Only for a COMPLETE the target's fence proves (ADR 0008). WAL is flushed in
+        order, so the write is durable with the next synchronous commit on this server
+        (or the WAL writer's next flush, within ``wal_writer_delay``); a server crash
+        before that returns the entry to COMMITTING, which the next run completes after
+        observing the committed fence, writing nothing.
+        """
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            atomic=False,
+            audited=False,
+        )
+        query, params = self._cas_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            audit=None,
+            release_lease=True,
+        )
+        # Never repeated (as compare_and_set); the asynchronous-commit sessions are the
+        # run ledger's (``_ready_ledger_pool``)
+        return self._run(
+            "write the journal state",
+            lambda conn: self._cas(conn, query, params, expected_states=expected_states),
+            repeatable=False,
+            ledger=True,
         )
 
     def compare_and_set_within(
@@ -1800,4 +1848,7 @@ if TYPE_CHECKING:
         return journal
 
     def _conforms_forward(journal: PostgresCommitJournal) -> ForwardFoldingJournalPort:
+        return journal
+
+    def _completes_proven(journal: PostgresCommitJournal) -> ProvenCompletionJournalPort:
         return journal
