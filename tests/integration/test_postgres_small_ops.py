@@ -8,6 +8,8 @@ the connector's cached table check, which must not hide a table that changed.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from dpone.errors import (
 )
 from dpone.runtime import failpoints
 from dpone.testing.crash import check_history
+from dpone.testing.ledger_conformance import ledger_problems
 from dpone.testing.pg_probe import fence_holders, wait_until
 
 INTERVAL = "2026-11-01/2026-11-02"
@@ -375,3 +378,79 @@ def test_forward_first_attempt_records_its_run_with_the_entry(
     finally:
         with psycopg.connect(journal, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+@pytest.fixture
+def private_journal() -> Iterator[Any]:
+    """A throwaway PostgreSQL server for the journal (never the shared one)."""
+    from dpone.testing.pg_instance import PrivatePostgres
+
+    server = PrivatePostgres()
+    server.start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.destroy()
+
+
+def _wal_syncs(dsn: str) -> int:
+    time.sleep(1.2)  # backends report WAL statistics at most once a second
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_forward_complete_needs_no_flush_and_survives_a_journal_crash(
+    tmp_path: Path, pg_available: str, pg_schema: str, private_journal: Any
+) -> None:
+    """Forward mode: one WAL flush per operation on the journal's server (the entry born
+    COMMITTING); the proven COMPLETE is not flushed by itself (ADR 0008). The journal's
+    server then crashes right after the last COMPLETE: whatever it kept, rerunning every
+    operation writes each row exactly once and the run ledger tells the truth.
+    """
+    ops = 22
+    for i in range(ops):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    journal = private_journal.dsn
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal).model_copy(
+        update={"lease_ttl_seconds": 1.0}
+    )
+    with Runner(workload) as runner:
+        runner.run(interval=INTERVAL, partition="0")  # migrations
+    # sessions report their WAL statistics when they end: count between two Runners
+    before = _wal_syncs(journal)
+    with Runner(workload) as runner:
+        for i in range(1, ops - 1):
+            runner.run(interval=INTERVAL, partition=str(i))
+    per_op = (_wal_syncs(journal) - before) / (ops - 2)
+    with Runner(workload) as runner:
+        runner.run(interval=INTERVAL, partition=str(ops - 1))
+        private_journal.stop(mode="immediate")  # right after the last COMPLETE
+    # before ADR 0008: 2 per operation (COMMITTING and COMPLETE); background flushes of
+    # the server (the WAL writer, checkpoints) may add a few over the whole loop
+    assert per_op < 1.5, per_op
+    private_journal.start()
+    private_journal.wait_ready()
+    time.sleep(1.5)  # an entry back in COMMITTING is still leased to this very process
+    with Runner(workload) as runner:
+        results = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(ops)]
+    assert all(r.replayed or r.resumed for r in results), results
+    assert len(_rows(pg_available, pg_schema)) == ops * 3
+    store = PostgresCommitJournal(journal, schema=pg_schema)
+    try:
+        for result in results:
+            entry = store.get(result.operation_id)
+            assert entry is not None
+            assert entry.state is CommitState.COMPLETE
+            assert entry.result is not None
+            assert entry.result["rows_written"] == 3
+            problems = ledger_problems(
+                store, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
+            )
+            assert problems == [], problems
+    finally:
+        store.close()
+    with psycopg.connect(pg_available, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
