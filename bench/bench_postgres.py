@@ -232,13 +232,14 @@ def _small_plain(dsn: str, schema: str, ops: int) -> dict[str, float]:
         )
         conn.commit()
         syncs = wal_syncs(dsn)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for batch in rows:
             with conn.cursor() as cur:
                 cur.executemany(f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)', batch)
             conn.commit()
         took = (time.perf_counter() - started) * 1000 / ops
-    return {"ms": took, "wal": (wal_syncs(dsn) - syncs) / ops}
+        cpu_ms = (time.process_time() - cpu) * 1000 / ops
+    return {"ms": took, "cpu_ms": cpu_ms, "wal": (wal_syncs(dsn) - syncs) / ops}
 
 
 def _small_dpone(
@@ -253,10 +254,11 @@ def _small_dpone(
     with Runner(workload) as runner:  # type: ignore[arg-type]
         runner.run(interval="2026-11-01/2026-11-02", partition="0")  # warm up, DDL
         syncs = wal_syncs(dsn)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for i in range(1, ops):
             runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
         out["ms"] = (time.perf_counter() - started) * 1000 / (ops - 1)
+        out["cpu_ms"] = (time.process_time() - cpu) * 1000 / (ops - 1)  # this client's
         out["wal"] = (wal_syncs(dsn) - syncs) / (ops - 1)
     # The writer's sessions have ended, so their table statistics are flushed: any
     # write counted from here on was made by the replays.
@@ -265,11 +267,12 @@ def _small_dpone(
     with Runner(workload) as runner:  # type: ignore[arg-type]
         assert runner.run(interval="2026-11-01/2026-11-02", partition="0").replayed  # warm
         syncs = wal_syncs(dsn)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for i in range(ops):
             r = runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
             assert r.replayed
         out["replay_ms"] = (time.perf_counter() - started) * 1000 / ops
+        out["replay_cpu_ms"] = (time.process_time() - cpu) * 1000 / ops
         out["replay_wal"] = wal_syncs(dsn) - syncs
     time.sleep(1.0)
     out["replay_target_writes"] = _table_writes(dsn, schema, table) - before
@@ -313,6 +316,7 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
     out["plain_ms_per_op"] = round(plain_best, 3)
     out["plain_ms_per_op_median"] = round(plain_median, 3)
     out["plain_wal_syncs_per_op"] = round(statistics.median(col("plain", "wal")), 2)
+    out["plain_cpu_ms_per_op_median"] = round(statistics.median(col("plain", "cpu_ms")), 3)
     for mode in ("atomic", "forward"):
         best, median = min(col(mode, "ms")), statistics.median(col(mode, "ms"))
         out[f"{mode}_ms_per_op"] = round(best, 3)
@@ -320,6 +324,10 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
         out[f"{mode}_ratio"] = round(best / plain_best, 2)
         out[f"{mode}_ratio_median"] = round(median / plain_median, 2)
         out[f"{mode}_wal_syncs_per_op"] = round(statistics.median(col(mode, "wal")), 2)
+        out[f"{mode}_cpu_ms_per_op_median"] = round(statistics.median(col(mode, "cpu_ms")), 3)
+        out[f"{mode}_replay_cpu_ms_per_op_median"] = round(
+            statistics.median(col(mode, "replay_cpu_ms")), 3
+        )
         out[f"{mode}_replay_ms_per_op"] = round(min(col(mode, "replay_ms")), 3)
         out[f"{mode}_replay_ms_per_op_median"] = round(statistics.median(col(mode, "replay_ms")), 3)
         out[f"{mode}_replay_wal_syncs"] = max(col(mode, "replay_wal"))

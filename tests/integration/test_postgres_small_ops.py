@@ -8,6 +8,8 @@ the connector's cached table check, which must not hide a table that changed.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,16 @@ from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.api import Runner
 from dpone.config.workload import Workload, parse_workload
 from dpone.contracts.states import CommitState
-from dpone.errors import FenceUnavailable, TargetSchemaMismatch, TargetWriteFailed
+from dpone.errors import (
+    FenceUnavailable,
+    InjectedFault,
+    IntentConflict,
+    TargetSchemaMismatch,
+    TargetWriteFailed,
+)
 from dpone.runtime import failpoints
 from dpone.testing.crash import check_history
+from dpone.testing.ledger_conformance import ledger_problems
 from dpone.testing.pg_probe import fence_holders, wait_until
 
 INTERVAL = "2026-11-01/2026-11-02"
@@ -233,3 +242,215 @@ def test_forward_small_operations_are_born_committing(
     finally:
         with psycopg.connect(journal, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+# ---------------------------------------------------------------------- the run ledger (ADR 0008)
+def _ledger(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    """Every run with its attempts: (key, state, current attempt, [(n, state, owner)])."""
+    journal = PostgresCommitJournal(dsn, schema=schema)
+    try:
+        return [
+            (
+                run.idempotency_key,
+                run.state.value,
+                run.current_attempt,
+                [(a.attempt, a.state.value, a.owner) for a in journal.attempts(run.run_id)],
+            )
+            for run in sorted(journal.list_runs(limit=1000), key=lambda r: r.idempotency_key)
+        ]
+    finally:
+        journal.close()
+
+
+def test_atomic_first_attempt_records_its_run_in_the_same_transaction(
+    atomic: Workload, pg_available: str, pg_schema: str
+) -> None:
+    """Run, attempt 1, journal entry and rows share one transaction id: all or nothing."""
+    with Runner(atomic) as runner:
+        runner.run(interval=INTERVAL, partition="0")  # creates and checks the table
+        result = runner.run(interval=INTERVAL, partition="1")
+        again = runner.run(interval=INTERVAL, partition="1")
+    assert (result.attempt, again.replayed, again.run_id) == (1, True, result.run_id)
+    runs = {key: rest for key, *rest in _ledger(pg_available, pg_schema)}
+    state, current, attempts = runs[f"op:{result.operation_id}"]
+    assert (state, current, [(n, s) for n, s, _ in attempts]) == ("COMPLETE", 1, [(1, "COMPLETE")])
+    s, op = f'"{pg_schema}"', result.operation_id
+    with psycopg.connect(pg_available) as conn:
+        xids = [
+            {r[0] for r in conn.execute(query, (value,)).fetchall()}
+            for query, value in (
+                (f"SELECT xmin::text FROM {s}.orders WHERE order_id >= %s", 10),
+                (f"SELECT xmin::text FROM {s}.dpone_journal WHERE operation_id = %s", op),
+                (f"SELECT xmin::text FROM {s}.dpone_runs WHERE run_id = %s", result.run_id),
+                (f"SELECT xmin::text FROM {s}.dpone_run_attempts WHERE run_id = %s", result.run_id),
+            )
+        ]
+    assert all(len(x) == 1 for x in xids), xids
+    assert len(set().union(*xids)) == 1, xids
+
+
+def test_a_failed_atomic_first_attempt_is_recorded_in_the_ledger_afterwards(
+    atomic: Workload, tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """The folded transaction rolled back: run and attempt 1 FAILED, recorded afterwards.
+
+    The journal records FAILED_PRE_COMMIT as before (ADR 0003), so another content under
+    the same operation is still refused as an intent conflict.
+    """
+    _csv(tmp_path / "p1.csv", first=10, bad=True)
+    with Runner(atomic) as runner:
+        runner.run(interval=INTERVAL, partition="0")
+        with pytest.raises(TargetWriteFailed):
+            runner.run(interval=INTERVAL, partition="1")
+        [(_, state, current, attempts)] = [
+            run for run in _ledger(pg_available, pg_schema) if run[1] != "COMPLETE"
+        ]
+        assert (state, current, [(n, s) for n, s, _ in attempts]) == ("FAILED", 1, [(1, "FAILED")])
+        _csv(tmp_path / "p1.csv", first=10)  # another content: another intent, refused
+        with pytest.raises(IntentConflict):
+            runner.run(interval=INTERVAL, partition="1")
+    assert len(_rows(pg_available, pg_schema)) == 3
+
+
+def test_a_replay_reads_the_run_and_writes_nothing(
+    atomic: Workload, pg_available: str, pg_schema: str
+) -> None:
+    """A replay of a finished run: the recorded result, no ledger or journal write."""
+    with Runner(atomic) as runner:
+        first = runner.run(interval=INTERVAL, partition="0")
+    before = _ledger(pg_available, pg_schema), _entries(pg_available, pg_schema)
+    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
+    try:
+        [run] = journal.list_runs()
+        stamp = run.updated_at
+        found, entry = journal.find_run(
+            idempotency_key=run.idempotency_key, operation_id=first.operation_id
+        )
+        assert found == run
+        assert entry is not None
+        assert entry.state is CommitState.COMPLETE
+        assert journal.find_run(idempotency_key="op:none", operation_id="sha256:0") == (None, None)
+        with Runner(atomic) as runner:
+            replay = runner.run(interval=INTERVAL, partition="0")
+        assert (replay.replayed, replay.run_id, replay.rows_written) == (True, run.run_id, 3)
+        [after] = journal.list_runs()
+        assert after.updated_at == stamp
+    finally:
+        journal.close()
+    assert (_ledger(pg_available, pg_schema), _entries(pg_available, pg_schema)) == before
+
+
+def test_forward_first_attempt_records_its_run_with_the_entry(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """Forward: the run and attempt 1 are born with the COMMITTING entry, then end COMPLETE.
+
+    An injected fault right after that write shows them recorded by it (attempt 1 is
+    ended FAILED by this try); the rerun resumes as attempt 2.
+    """
+    for i in range(2):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal)
+    try:
+        with Runner(workload) as runner:
+            done = runner.run(interval=INTERVAL, partition="0")
+            failpoints.configure("after:journal.create=raise")
+            try:
+                with pytest.raises(InjectedFault):
+                    runner.run(interval=INTERVAL, partition="1")
+            finally:
+                failpoints.configure(None)
+            [_, (_, state, current, attempts)] = _ledger(journal, pg_schema)
+            assert (state, current) == ("FAILED", 1)
+            assert [(n, s) for n, s, _ in attempts] == [(1, "FAILED")]
+            resumed = runner.run(interval=INTERVAL, partition="1")
+        assert (done.attempt, resumed.attempt, resumed.resumed) == (1, 2, True)
+        runs = {key: rest for key, *rest in _ledger(journal, pg_schema)}
+        assert runs[f"op:{done.operation_id}"][:2] == ["COMPLETE", 1]
+        assert [(n, s) for n, s, _ in runs[f"op:{done.operation_id}"][2]] == [(1, "COMPLETE")]
+        assert runs[f"op:{resumed.operation_id}"][:2] == ["COMPLETE", 2]
+        assert [(n, s) for n, s, _ in runs[f"op:{resumed.operation_id}"][2]] == [
+            (1, "FAILED"),
+            (2, "COMPLETE"),
+        ]
+        assert len(_rows(pg_available, pg_schema)) == 6
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+@pytest.fixture
+def private_journal() -> Iterator[Any]:
+    """A throwaway PostgreSQL server for the journal (never the shared one)."""
+    from dpone.testing.pg_instance import PrivatePostgres
+
+    server = PrivatePostgres()
+    server.start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.destroy()
+
+
+def _wal_syncs(dsn: str) -> int:
+    time.sleep(1.2)  # backends report WAL statistics at most once a second
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_forward_complete_needs_no_flush_and_survives_a_journal_crash(
+    tmp_path: Path, pg_available: str, pg_schema: str, private_journal: Any
+) -> None:
+    """Forward mode: one WAL flush per operation on the journal's server (the entry born
+    COMMITTING); the proven COMPLETE is not flushed by itself (ADR 0008). The journal's
+    server then crashes right after the last COMPLETE: whatever it kept, rerunning every
+    operation writes each row exactly once and the run ledger tells the truth.
+    """
+    ops = 22
+    for i in range(ops):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    journal = private_journal.dsn
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal).model_copy(
+        update={"lease_ttl_seconds": 1.0}
+    )
+    with Runner(workload) as runner:
+        runner.run(interval=INTERVAL, partition="0")  # migrations
+    # sessions report their WAL statistics when they end: count between two Runners
+    before = _wal_syncs(journal)
+    with Runner(workload) as runner:
+        for i in range(1, ops - 1):
+            runner.run(interval=INTERVAL, partition=str(i))
+    per_op = (_wal_syncs(journal) - before) / (ops - 2)
+    with Runner(workload) as runner:
+        runner.run(interval=INTERVAL, partition=str(ops - 1))
+        private_journal.stop(mode="immediate")  # right after the last COMPLETE
+    # before ADR 0008: 2 per operation (COMMITTING and COMPLETE); background flushes of
+    # the server (the WAL writer, checkpoints) may add a few over the whole loop
+    assert per_op < 1.5, per_op
+    private_journal.start()
+    private_journal.wait_ready()
+    time.sleep(1.5)  # an entry back in COMMITTING is still leased to this very process
+    with Runner(workload) as runner:
+        results = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(ops)]
+    assert all(r.replayed or r.resumed for r in results), results
+    assert len(_rows(pg_available, pg_schema)) == ops * 3
+    store = PostgresCommitJournal(journal, schema=pg_schema)
+    try:
+        for result in results:
+            entry = store.get(result.operation_id)
+            assert entry is not None
+            assert entry.state is CommitState.COMPLETE
+            assert entry.result is not None
+            assert entry.result["rows_written"] == 3
+            problems = ledger_problems(
+                store, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
+            )
+            assert problems == [], problems
+    finally:
+        store.close()
+    with psycopg.connect(pg_available, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')

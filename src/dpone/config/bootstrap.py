@@ -288,7 +288,27 @@ def source_path(workload: Workload, window: Interval, partition: str | None) -> 
             field="source.path",
             hint="use {partition}, {start:%Y-%m-%d} or {end:%Y-%m-%d}",
         ) from None
-    return workload.resolve_path(filled)
+    path = Path(filled).expanduser()
+    if path.is_absolute() or ".." in path.parts or not workload.base_dir.is_absolute():
+        return workload.resolve_path(filled)
+    # the common case, a file under the workload's directory: the directory is resolved
+    # once per workload, not once per operation (resolving walks every path component)
+    return _anchor(workload) / path
+
+
+#: (id of a workload) -> (that workload, its resolved base directory); see source_path
+_ANCHORS: dict[int, tuple[Workload, Path]] = {}
+
+
+def _anchor(workload: Workload) -> Path:
+    hit = _ANCHORS.get(id(workload))
+    if hit is not None and hit[0] is workload:
+        return hit[1]
+    anchor = workload.base_dir.resolve()
+    if len(_ANCHORS) >= 64:
+        _ANCHORS.clear()
+    _ANCHORS[id(workload)] = (workload, anchor)
+    return anchor
 
 
 def open_source(workload: Workload, window: Interval, partition: str | None) -> SourcePort:
@@ -486,7 +506,24 @@ def pack_fingerprint(workload: Workload, target_identity: str) -> str:
     return _pack_fingerprint(workload, target_identity)
 
 
+#: (id of a workload, target identity) -> (that workload, its pack fingerprint): a Runner
+#: derives every operation from one frozen workload, so its definition is digested once.
+_PACKS: dict[tuple[int, str], tuple[Workload, str]] = {}
+
+
 def _pack_fingerprint(workload: Workload, target_identity: str) -> str:
+    key = (id(workload), target_identity)
+    hit = _PACKS.get(key)
+    if hit is not None and hit[0] is workload:
+        return hit[1]
+    pack = _pack_digest(workload, target_identity)
+    if len(_PACKS) >= 64:
+        _PACKS.clear()
+    _PACKS[key] = (workload, pack)
+    return pack
+
+
+def _pack_digest(workload: Workload, target_identity: str) -> str:
     # paths and URLs are not the definition (a moved file or a rotated password is not
     # another load); the source snapshot identity names what is read
     source = workload.source.model_dump(mode="json", exclude={"path", "url", "url_env"})

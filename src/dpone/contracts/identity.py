@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -68,6 +69,13 @@ def is_operation_id(value: str) -> bool:
 def _check_stable(name: str, value: str) -> str:
     if not isinstance(value, str):
         raise UnsafeValue(f"identity field {name!r} must be a string", field=name)
+    return _check_stable_text(name, value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_stable_text(name: str, value: str) -> str:
+    # cached: a Runner derives many operations from the same few values (a refusal
+    # raises and is not cached), and the pattern checks cost more than the digest
     if not value or len(value) > _MAX_FIELD or any(ord(c) < 32 for c in value):
         raise UnsafeValue(
             f"identity field {name!r} must be 1-{_MAX_FIELD} printable characters",

@@ -12,6 +12,7 @@ __all__ = [
     "CommitJournalPort",
     "FoldingJournalPort",
     "ForwardFoldingJournalPort",
+    "ProvenCompletionJournalPort",
     "TransactionalJournalPort",
 ]
 
@@ -242,5 +243,36 @@ class ForwardFoldingJournalPort(CommitJournalPort, Protocol):
 
         Raises:
             IntentConflict: the entry exists with another intent digest.
+        """
+        ...
+
+
+class ProvenCompletionJournalPort(CommitJournalPort, Protocol):
+    """A journal that can record a proven COMPLETE without a durability point of its own.
+
+    ADR 0008: once the target's fence shows the operation committed, COMPLETE only
+    records what the fence already proves durably. If a crash of the journal's server
+    loses it, the entry is back in COMMITTING (durable before the target was touched)
+    and the next run observes the committed fence and completes, writing nothing.
+    """
+
+    def complete_proven(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """``compare_and_set`` to COMPLETE ending the lease, without waiting for its flush.
+
+        Visible to every reader at once and durable with the store's next flush.
+
+        Raises:
+            JournalConflict: the entry moved (same as ``compare_and_set``).
+            JournalUnavailable: the store could not be written.
         """
         ...

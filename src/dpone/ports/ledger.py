@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from dpone.contracts.evidence import SafeMapping
+from dpone.contracts.journal import JournalEntry
 from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, RunState
 
-__all__ = ["RunLedgerPort"]
+__all__ = ["FoldingLedgerPort", "LookupLedgerPort", "RunLedgerPort"]
 
 
 class RunLedgerPort(Protocol):
@@ -75,5 +77,81 @@ class RunLedgerPort(Protocol):
                 changes).
             OperationNotFound: no run has this id.
 
+        """
+        ...
+
+
+class LookupLedgerPort(RunLedgerPort, Protocol):
+    """A ledger kept beside the journal that reads a run and its operation's entry at once.
+
+    A replay of a finished run then costs one read (ADR 0008).
+    """
+
+    def find_run(
+        self, *, idempotency_key: str, operation_id: str
+    ) -> tuple[RunRecord | None, JournalEntry | None]:
+        """Return the run under ``idempotency_key`` and the entry of ``operation_id``.
+
+        Each is None when absent; both are read in one statement, and nothing is written.
+
+        Raises:
+            JournalUnavailable: the store could not be read.
+        """
+        ...
+
+
+class FoldingLedgerPort(RunLedgerPort, Protocol):
+    """A ledger that can record a run inside the target's transaction (ADR 0008).
+
+    For the folded atomic first attempt (ADR 0003): the run, its attempt 1 and their
+    COMPLETE end are written in the transaction that writes the rows, the fence and the
+    journal entry, so they exist exactly when the write does.
+    """
+
+    def complete_run_writer(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
+    ) -> Callable[[object], None]:
+        """Check the run's values now; return the writer of the run in a target transaction.
+
+        Given the target's open ``psycopg`` transaction, the writer inserts the run
+        COMPLETE at attempt 1 with that attempt COMPLETE (one statement; it never begins,
+        commits or rolls back).
+
+        The writer raises ``JournalConflict`` when the key is already recorded (the
+        caller rolls back and takes the unfolded path) and ``JournalUnavailable`` when
+        the statement failed.
+
+        Raises:
+            UnsafeValue: provenance or access hold a secret-looking value (checked here,
+                before any write).
+        """
+        ...
+
+    def create_committing_with_run(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[JournalEntry, bool]:
+        """Create the entry COMMITTING with the new run RUNNING at attempt 1, in one write.
+
+        The entry as ``ForwardFoldingJournalPort.create_committing`` creates it; the run
+        and its attempt 1 owned by ``actor``; one journal transaction.
+
+        Returns:
+            ``(entry, run_recorded)``: when the entry or the run already existed nothing
+            of the combined write is kept, the entry is created or found alone and
+            ``run_recorded`` is False (the caller records the run the ordinary way).
+
+        Raises:
+            UnsafeValue: provenance or access hold a secret-looking value.
+            IntentConflict: the entry exists with another intent digest.
+            JournalUnavailable: the journal could not be written.
         """
         ...

@@ -40,6 +40,7 @@ from dpone.ports.journal import (
     CommitJournalPort,
     FoldingJournalPort,
     ForwardFoldingJournalPort,
+    ProvenCompletionJournalPort,
     TransactionalJournalPort,
 )
 from dpone.ports.source import SourcePort
@@ -47,13 +48,23 @@ from dpone.runtime import failpoints
 from dpone.runtime.lease import LeaseKeeper, acquire
 from dpone.runtime.rows import RowTally, counted, within_interval
 
-__all__ = ["CommitProtocol", "OperationSpec"]
+__all__ = ["UNREAD", "CommitProtocol", "OperationSpec", "RunFold", "Unread"]
 
 S = CommitState
 _log = logging.getLogger("dpone.runtime")
 _MAX_RESTARTS = 5
 _FIRST_EPOCH = 1  # the lease epoch an entry is born with (create + lease, ADR 0002)
 _BORN_COMMITTING = 2  # the version of an entry created COMMITTING (ADR 0003)
+
+
+class Unread:
+    """The journal entry was not read yet (``CommitProtocol.run(known=...)``)."""
+
+    __slots__ = ()
+
+
+#: ``CommitProtocol.run(known=UNREAD)``: read the entry first (the default).
+UNREAD = Unread()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +80,30 @@ class OperationSpec:
     lease_ttl_seconds: float = 60.0
     #: the stream watermark this operation's COMPLETE promotes (incremental workloads)
     checkpoint: CheckpointAdvance | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RunFold:
+    """The run ledger's part of a folded atomic first attempt (ADR 0008).
+
+    Offered by the run service when the run is new. ``write`` records the run COMPLETE
+    at attempt 1 inside the target transaction of the folded first attempt, so the run
+    exists exactly when the write does. Whenever the protocol does anything else (no
+    fold possible, another executor was first, the transaction failed) it first calls
+    ``decline``, which records the run the ordinary way. ``committed`` is set once the
+    folded transaction committed: the run is then complete and nothing is left to write.
+    In forward mode ``create_committing`` records the run RUNNING at attempt 1 in the
+    journal write that creates the entry leased at epoch 1 (``begun``).
+    """
+
+    write: Callable[[object], None]
+    decline: Callable[[], object]
+    #: forward mode: create the entry COMMITTING together with the run RUNNING at
+    #: attempt 1; returns ``(entry, run_recorded)`` (``FoldingLedgerPort``)
+    create_committing: Callable[..., tuple[JournalEntry, bool]] | None = None
+    committed: bool = False
+    #: the run and attempt 1 were recorded with the entry (forward mode)
+    begun: bool = False
 
 
 class CommitProtocol:
@@ -110,6 +145,12 @@ class CommitProtocol:
             if getattr(atomic_journal, "create_complete_within", None) is not None
             else None
         )
+        # A journal that can record a COMPLETE the fence proves without flushing it
+        self._proven: ProvenCompletionJournalPort | None = (
+            cast(ProvenCompletionJournalPort, journal)
+            if callable(getattr(journal, "complete_proven", None))
+            else None
+        )
         # Forward mode with a journal that can create an entry already COMMITTING
         self._forward_fold: ForwardFoldingJournalPort | None = (
             cast(ForwardFoldingJournalPort, journal)
@@ -123,8 +164,18 @@ class CommitProtocol:
         return RunMode.ATOMIC if self._atomic is not None else RunMode.FORWARD_RECOVERY
 
     # ------------------------------------------------------------------ entry point
-    def run(self, spec: OperationSpec) -> OperationResult:
+    def run(
+        self,
+        spec: OperationSpec,
+        *,
+        known: JournalEntry | Unread | None = UNREAD,
+        run_fold: RunFold | None = None,
+    ) -> OperationResult:
         """Run or resume ``spec`` until COMPLETE.
+
+        ``known``: the entry as the caller just read it (None: no entry), saving the
+        protocol's own read; every write still re-checks what it assumes. ``run_fold``:
+        the run ledger's rows for a folded atomic first attempt (ADR 0008).
 
         Raises:
             IntentConflict: the operation exists with another intent (before target I/O).
@@ -135,12 +186,14 @@ class CommitProtocol:
 
         """
         held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
-        existing = self._journal.get(spec.operation_id)
-        if existing is None and self._fold is not None and self._may_fold(spec):
-            folded = self._atomic_first(spec, self._fold)
+        existing = self._journal.get(spec.operation_id) if isinstance(known, Unread) else known
+        if existing is None and self._fold is not None and self._may_fold(spec, run_fold):
+            folded = self._atomic_first(spec, self._fold, run_fold)
             if folded is not None:
                 return folded
             existing = self._journal.get(spec.operation_id)  # another executor was first
+        elif run_fold is not None and (existing is not None or run_fold.create_committing is None):
+            run_fold.decline()  # the run is recorded before anything else happens
         if existing is not None:
             self._check_intent(existing, spec)
             if existing.state is S.COMPLETE:
@@ -150,8 +203,13 @@ class CommitProtocol:
                 raise self._unknown(existing)
         else:
             # read-only: a target that cannot take the rows fails before any write
-            self._connector.check_plan(spec.plan)
-            existing = self._create(spec)
+            try:
+                self._connector.check_plan(spec.plan)
+            except DponeError:
+                if run_fold is not None and not run_fold.begun:
+                    self._decline_quietly(spec, run_fold)
+                raise
+            existing = self._create(spec, run_fold)
             self._check_intent(existing, spec)
             # only this executor leases with its owner label: ours means born just now
             if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
@@ -183,7 +241,7 @@ class CommitProtocol:
                     return self._recorded(current, replayed=True)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _create(self, spec: OperationSpec) -> JournalEntry:
+    def _create(self, spec: OperationSpec, run_fold: RunFold | None) -> JournalEntry:
         """Create the entry leased to us (or return the one that exists).
 
         Forward mode with a journal that can: born COMMITTING, one write for create,
@@ -193,6 +251,21 @@ class CommitProtocol:
         failpoints.hit("before:journal.create")
         if self._forward_fold is not None:
             failpoints.hit("before:COMMITTING")
+            if run_fold is not None and run_fold.create_committing is not None:
+                # the new run and its attempt 1 in the same journal write (ADR 0008)
+                entry, recorded = run_fold.create_committing(
+                    operation_id=spec.operation_id,
+                    intent_digest=spec.intent_digest,
+                    metadata=spec.metadata,
+                    actor=self._owner,
+                    lease_ttl_seconds=spec.lease_ttl_seconds,
+                    evidence={"fence_epoch": _FIRST_EPOCH},
+                )
+                if recorded:
+                    run_fold.begun = True
+                else:
+                    run_fold.decline()
+                return entry
             return self._forward_fold.create_committing(
                 operation_id=spec.operation_id,
                 intent_digest=spec.intent_digest,
@@ -201,6 +274,8 @@ class CommitProtocol:
                 lease_ttl_seconds=spec.lease_ttl_seconds,
                 evidence={"fence_epoch": _FIRST_EPOCH},
             )
+        if run_fold is not None:
+            run_fold.decline()
         return self._journal.create_intent(
             operation_id=spec.operation_id,
             intent_digest=spec.intent_digest,
@@ -417,6 +492,9 @@ class CommitProtocol:
                 result=result,
                 evidence=_proof(observation),
                 checkpoint=spec.checkpoint,
+                # the fence shows the commit: COMPLETE needs no flush of its own (ADR 0008)
+                proven=self._connector.capability is not FenceCapability.NONE
+                and observation.status is FenceStatus.COMMITTED,
             )
         except JournalConflict:
             current = self._journal.get(spec.operation_id)
@@ -581,7 +659,7 @@ class CommitProtocol:
             )
         return cast(CheckpointStorePort, journal)
 
-    def _may_fold(self, spec: OperationSpec) -> bool:
+    def _may_fold(self, spec: OperationSpec, run_fold: RunFold | None) -> bool:
         """Whether the atomic first attempt may run as one transaction (ADR 0003).
 
         Not for an incremental operation: its checkpoint is promoted by the COMPLETE
@@ -591,12 +669,19 @@ class CommitProtocol:
         is in its own transaction now), this one still folds without a ledger record:
         the fence row lock and the journal's primary key decide between the two, and
         the loser records nothing (FENCE_UNAVAILABLE, or the unfolded path after a
-        JournalConflict).
+        JournalConflict). With a ``run_fold`` (a new run, ADR 0008) the run and attempt 1
+        are written inside the transaction instead, so nothing is recorded before it.
         """
         if spec.checkpoint is not None:
             return False
+        if run_fold is None:
+            self._record_first_attempt(spec)
+        return True
+
+    def _record_first_attempt(self, spec: OperationSpec) -> None:
+        """Record attempt 1 (the lease epoch a folded first attempt writes at)."""
         if self._on_attempt is None:
-            return True
+            return
         first = JournalEntry(
             operation_id=spec.operation_id,
             intent_digest=spec.intent_digest,
@@ -614,10 +699,42 @@ class CommitProtocol:
             self._on_attempt(first)
         except LeaseLost:
             pass  # attempt 1 is another executor's: the fence and the primary key decide
+
+    def _unfold_failed(self, spec: OperationSpec, run_fold: RunFold, primary: DponeError) -> None:
+        """The folded transaction (with the run in it) failed: record run and attempt 1 now.
+
+        As before ADR 0008, when attempt 1 was recorded before the transaction. Not for a
+        lock or connection failure: another executor (or the server) is busy, maybe with
+        this very run inside its own transaction, and a run row written now would only
+        wait for it or make its commit fail; the ledger then records nothing, as the
+        journal does (ADR 0003). A ledger failure here never replaces ``primary``.
+        """
+        if isinstance(primary, FenceUnavailable | JournalUnavailable):
+            return
+        if self._decline_quietly(spec, run_fold):
+            try:
+                self._record_first_attempt(spec)
+            except DponeError as secondary:
+                self._ledger_secondary(spec, secondary)
+
+    def _decline_quietly(self, spec: OperationSpec, run_fold: RunFold) -> bool:
+        """Record the run after a failure; False (logged) when the ledger refused."""
+        try:
+            run_fold.decline()
+        except DponeError as secondary:
+            self._ledger_secondary(spec, secondary)
+            return False
         return True
 
+    def _ledger_secondary(self, spec: OperationSpec, secondary: DponeError) -> None:
+        _log.warning(
+            "could not record the failed attempt in the run ledger (%s)",
+            secondary.code.value,
+            extra={"dpone": {"operation_id": spec.operation_id, "event": "secondary"}},
+        )
+
     def _atomic_first(
-        self, spec: OperationSpec, journal: FoldingJournalPort
+        self, spec: OperationSpec, journal: FoldingJournalPort, run_fold: RunFold | None
     ) -> OperationResult | None:
         """A new operation in atomic mode: entry, data and fence in ONE target transaction.
 
@@ -625,9 +742,9 @@ class CommitProtocol:
         commits the fence (ADR 0003): create, lease and COMPLETE need no durability
         point of their own, and a crash anywhere before the commit leaves nothing at all.
         Returns None when another executor got there first (its fence or its entry
-        refused ours, and everything rolled back): the caller reads the journal.
+        refused ours, and everything rolled back): the caller reads the journal. With a
+        ``run_fold`` the run ledger's rows are written in the same transaction (ADR 0008).
         """
-        self._connector.check_plan(spec.plan)  # read-only: fail before any write
         tally = RowTally()
         written: list[JournalEntry] = []
         fence = FenceObservation(
@@ -640,6 +757,8 @@ class CommitProtocol:
         def within(txn: object) -> None:
             failpoints.hit("fence.mutate.before_commit")
             failpoints.hit("before:journal.create")
+            if run_fold is not None:
+                run_fold.write(txn)  # queued: the entry's INSERT below reads both results
             written.append(
                 journal.create_complete_within(
                     txn,
@@ -654,7 +773,13 @@ class CommitProtocol:
             failpoints.hit("after:journal.create")
             failpoints.hit("before:COMPLETE")
 
-        failpoints.hit("before:fence.mutate")
+        try:
+            self._connector.check_plan(spec.plan)  # read-only: fail before any write
+            failpoints.hit("before:fence.mutate")
+        except DponeError as exc:
+            if run_fold is not None:
+                self._unfold_failed(spec, run_fold, exc)
+            raise
         try:
             self._connector.mutate(
                 operation_id=spec.operation_id,
@@ -667,10 +792,17 @@ class CommitProtocol:
                 prepare=True,
             )
         except (FencedOut, JournalConflict):
-            return None  # rolled back: the fence or the entry belongs to another executor
+            # rolled back: the fence, the entry or the run belongs to another executor
+            if run_fold is not None:
+                run_fold.decline()
+            return None
         except DponeError as exc:
+            if run_fold is not None:
+                self._unfold_failed(spec, run_fold, exc)
             self._record_failed_first(spec, exc)
             raise
+        if run_fold is not None:
+            run_fold.committed = True
         failpoints.hit("after:fence.mutate")
         failpoints.hit("after:COMPLETE")
         done = written[-1]
@@ -758,10 +890,21 @@ class CommitProtocol:
         evidence: Mapping[str, object] | None = None,
         result: Mapping[str, object] | None = None,
         checkpoint: CheckpointAdvance | None = None,
+        proven: bool = False,
     ) -> JournalEntry:
         failpoints.hit(f"before:{next_state.value}")
         final = next_state is S.COMPLETE  # the lease ends with the operation, same write
-        if final and checkpoint is not None:
+        if final and proven and checkpoint is None and self._proven is not None:
+            new = self._proven.complete_proven(
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                expected_states=frozenset({entry.state}),
+                lease_epoch=entry.lease_epoch,
+                actor=self._owner,
+                result=result or {},
+                evidence=evidence,
+            )
+        elif final and checkpoint is not None:
             # the watermark moves in the same journal transaction as COMPLETE
             new = self._checkpoints(self._journal).complete_with_checkpoint(
                 operation_id=entry.operation_id,

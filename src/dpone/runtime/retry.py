@@ -111,6 +111,10 @@ def call_with_retries(
         Exception: anything that is not a dpone error, at once (never retried).
 
     """
+    if policy.attempts == 1:
+        # one try (the default): nothing to schedule, so skip building the retry machinery,
+        # which costs more than a small operation's journal read (docs/benchmarks.md)
+        return work()
     chance = rng or random.Random()  # noqa: S311 - jitter, not cryptography
     started = clock()
     scheduled = 0

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.journal import JournalEntry
@@ -44,8 +45,14 @@ from dpone.errors import (
     RunKeyConflict,
     recovery_ref,
 )
-from dpone.ports.ledger import RunLedgerPort
-from dpone.runtime.commit_protocol import CommitProtocol, OperationSpec
+from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
+from dpone.runtime.commit_protocol import (
+    UNREAD,
+    CommitProtocol,
+    OperationSpec,
+    RunFold,
+    Unread,
+)
 from dpone.runtime.retry import RetryPolicy, call_with_retries
 
 __all__ = ["RunRequest", "RunService", "check_replay", "run_state_for"]
@@ -86,6 +93,15 @@ class RunService:
         self._ledger = ledger
         self._retry = retry or RetryPolicy()
         self._owner = owner
+        # optional abilities of a ledger kept beside the journal (ADR 0008)
+        self._lookup: LookupLedgerPort | None = (
+            cast(LookupLedgerPort, ledger) if callable(getattr(ledger, "find_run", None)) else None
+        )
+        self._folding: FoldingLedgerPort | None = (
+            cast(FoldingLedgerPort, ledger)
+            if callable(getattr(ledger, "complete_run_writer", None))
+            else None
+        )
 
     def run(
         self, request: RunRequest, spec: OperationSpec, make_protocol: ProtocolFactory
@@ -123,36 +139,61 @@ class RunService:
         spec: OperationSpec,
         make_protocol: ProtocolFactory,
     ) -> OperationResult:
-        run, created = self._ledger.begin_run(start)
-        self._emit(run, "run" if created else "replay")
-        if not created:
-            check_replay(run, start)
-        mine: list[int] = []
-
-        def record_attempt(entry: JournalEntry) -> None:
-            if entry.state in _NOTHING_TO_DISPATCH:
-                return  # the lease only finds the recorded outcome: not an attempt
-            self._ledger.begin_attempt(
-                run_id=run.run_id,
-                attempt=entry.lease_epoch,
-                owner=self._owner,
-                provenance=request.provenance,
+        tr = _Try(self, start, request)
+        known = tr.read()
+        if not tr.recorded and known is None and self._folding is not None:
+            # a new run of a new operation: the protocol may write the run with its first
+            # write (ADR 0008), or records it first (``decline``)
+            folding = self._folding
+            tr.fold = RunFold(
+                write=folding.complete_run_writer(
+                    start, owner=self._owner, provenance=request.provenance
+                ),
+                decline=tr.ensure_run,
+                create_committing=lambda **entry: folding.create_committing_with_run(
+                    start, provenance=request.provenance, **entry
+                ),
             )
-            mine.append(entry.lease_epoch)
-
+        else:
+            tr.ensure_run()
+        fold = tr.fold
         try:
-            result = make_protocol(record_attempt).run(spec)
+            protocol = make_protocol(tr.record_attempt)
+            if known is UNREAD and fold is None:
+                result = protocol.run(spec)
+            else:
+                result = protocol.run(spec, known=cast("JournalEntry | None", known), run_fold=fold)
         except LeaseHeld as exc:
             # in flight in another process: that attempt owns the run; record nothing
-            exc.hint = exc.hint or f"run {run.run_id} is in flight; rerun later to see it"
+            exc.hint = exc.hint or f"run {tr.run_id} is in flight; rerun later to see it"
             raise
         except Exception as exc:
-            self._end(run, mine, run_state_for(exc), RunError.of(exc))
+            tr.claim_begun()
+            if tr.recorded or tr.mine:  # a try that recorded nothing has nothing to end
+                self._end(tr.run_id, tr.recorded, tr.mine, run_state_for(exc), RunError.of(exc))
             raise
-        attempt = self._end(run, mine, RunState.COMPLETE, None)
-        return dataclasses.replace(result, run_id=run.run_id, attempt=attempt or None)
+        if fold is not None and fold.committed:
+            # the run, attempt 1 and their COMPLETE end committed with the write
+            _log.info(
+                "run %s attempt 1 (COMPLETE, recorded with the write)",
+                start.run_id,
+                extra={"dpone": {"event": "run", "run_id": start.run_id, "attempt": 1}},
+            )
+            return dataclasses.replace(result, run_id=start.run_id, attempt=1)
+        tr.claim_begun()
+        if not tr.mine:
+            tr.ensure_run()
+        attempt = self._end(tr.run_id, tr.recorded, tr.mine, RunState.COMPLETE, None)
+        return dataclasses.replace(result, run_id=tr.run_id, attempt=attempt or None)
 
-    def _end(self, run: RunRecord, mine: list[int], state: RunState, error: RunError | None) -> int:
+    def _end(
+        self,
+        run_id: str,
+        recorded: list[RunRecord],
+        mine: list[int],
+        state: RunState,
+        error: RunError | None,
+    ) -> int:
         """Record how this try ended; a ledger failure never replaces the primary outcome.
 
         A try that took no lease of its own has no attempt to end. It still records what
@@ -161,24 +202,27 @@ class RunService:
         about another executor's attempt that may be in flight, so it is not written over
         a RUNNING run's attempt: that attempt's owner, or the next replay, records it.
         """
-        attempt = mine[-1] if mine else run.current_attempt
-        if not mine and run.state is state and run.error == error:
-            return attempt  # a replay that learned nothing new: nothing to write
-        if (
-            not mine
-            and state is RunState.FAILED
-            and run.state is RunState.RUNNING
-            and run.current_attempt > 0
-        ):
-            return attempt  # not ours to end (see above)
+        if mine:
+            attempt = mine[-1]
+        else:
+            run = recorded[0]  # read or recorded by this try (the callers make sure)
+            attempt = run.current_attempt
+            if run.state is state and run.error == error:
+                return attempt  # a replay that learned nothing new: nothing to write
+            if (
+                state is RunState.FAILED
+                and run.state is RunState.RUNNING
+                and run.current_attempt > 0
+            ):
+                return attempt  # not ours to end (see above)
         try:
-            self._ledger.end_attempt(run_id=run.run_id, attempt=attempt, state=state, error=error)
+            self._ledger.end_attempt(run_id=run_id, attempt=attempt, state=state, error=error)
         except DponeError as secondary:
             _log.warning(
                 "the run ledger did not record the end of attempt %d (%s)",
                 attempt,
                 secondary.code.value,
-                extra={"dpone": {"event": "secondary", "run_id": run.run_id}},
+                extra={"dpone": {"event": "secondary", "run_id": run_id}},
             )
         return attempt
 
@@ -199,6 +243,72 @@ class RunService:
                 }
             },
         )
+
+
+class _Try:
+    """What one try of a run has read and recorded in the ledger so far."""
+
+    def __init__(self, service: RunService, start: RunStart, request: RunRequest) -> None:
+        self._service = service
+        self._start = start
+        self._request = request
+        self.recorded: list[RunRecord] = []  # the run, once read or recorded by this try
+        self.mine: list[int] = []  # the attempts this try recorded
+        self.fold: RunFold | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.recorded[0].run_id if self.recorded else self._start.run_id
+
+    def read(self) -> JournalEntry | Unread | None:
+        """Read the run and the operation's entry in one go when the ledger can (ADR 0008).
+
+        A finished run's replay needs nothing else. Returns the entry (None: there is
+        none), or ``UNREAD`` when the ledger cannot read both at once.
+        """
+        lookup = self._service._lookup
+        if lookup is None:
+            return UNREAD
+        start = self._start
+        found, entry = lookup.find_run(
+            idempotency_key=start.idempotency_key, operation_id=start.operation_id
+        )
+        if found is not None:
+            self._service._emit(found, "replay")
+            check_replay(found, start)
+            self.recorded.append(found)
+        return entry
+
+    def ensure_run(self) -> RunRecord:
+        """The run: recorded now (or found under the key) unless this try has it already."""
+        if not self.recorded:
+            run, created = self._service._ledger.begin_run(self._start)
+            self._service._emit(run, "run" if created else "replay")
+            if not created:
+                check_replay(run, self._start)
+            self.recorded.append(run)
+        return self.recorded[0]
+
+    def record_attempt(self, entry: JournalEntry) -> None:
+        """Record the attempt a lease granted, before anything is dispatched on it."""
+        if entry.state in _NOTHING_TO_DISPATCH:
+            return  # the lease only finds the recorded outcome: not an attempt
+        if self.fold is not None and self.fold.begun and not self.mine and entry.lease_epoch == 1:
+            self.mine.append(1)  # recorded with the entry that granted it (ADR 0008)
+            return
+        run = self.ensure_run()
+        self._service._ledger.begin_attempt(
+            run_id=run.run_id,
+            attempt=entry.lease_epoch,
+            owner=self._service._owner,
+            provenance=self._request.provenance,
+        )
+        self.mine.append(entry.lease_epoch)
+
+    def claim_begun(self) -> None:
+        """Attempt 1 recorded with the entry (forward mode) is this try's, dispatched or not."""
+        if self.fold is not None and self.fold.begun and not self.mine:
+            self.mine.append(1)
 
 
 def check_replay(run: RunRecord, start: RunStart) -> None:

@@ -29,7 +29,9 @@ __all__ = [
     "LedgerDialect",
     "begin_attempt",
     "begin_run",
+    "complete_run_params",
     "end_attempt",
+    "first_attempt_sql",
     "get_run",
     "list_attempts",
     "list_runs",
@@ -166,6 +168,11 @@ def _attempt_columns(d: LedgerDialect) -> str:
     )
 
 
+def run_columns(d: LedgerDialect) -> str:
+    """The columns :func:`run_from_row` decodes, in order (for statements that join)."""
+    return _run_columns(d)
+
+
 def run_from_row(row: tuple[Any, ...]) -> RunRecord:
     """Decode a row of ``_run_columns``."""
     error = None
@@ -281,6 +288,51 @@ def begin_run(cur: _Cursor, d: LedgerDialect, start: RunStart) -> tuple[RunRecor
     if row is None:  # pragma: no cover - the key was just inserted or found
         raise run_not_found(start.run_id)
     return run_from_row(row), bool(inserted)
+
+
+def complete_run_params(
+    start: RunStart, *, owner: str, provenance: SafeMapping | None
+) -> tuple[object, ...]:
+    """Check a folded run's values (before any write); the parameters of
+    :func:`first_attempt_sql`."""
+    check_start(start)
+    _rules.safe_actor(owner)
+    origin = safe_mapping(provenance, allowed=PROVENANCE_KEYS)
+    return (
+        start.run_id,
+        start.idempotency_key,
+        start.operation_id,
+        start.request_hash,
+        start.definition_hash,
+        start.access_digest,
+        _rules.encode_mapping(start.access),
+        _rules.encode_mapping(start.provenance),
+        owner,
+        _rules.encode_mapping(origin),
+    )
+
+
+def first_attempt_sql(d: LedgerDialect, *, complete: bool) -> str:
+    """A new run at attempt 1 with that attempt, both COMPLETE or both RUNNING (ADR 0008).
+
+    One statement (parameters: :func:`complete_run_params`), run inside the transaction
+    that also writes what the attempt did: the target transaction of a folded atomic
+    first attempt (COMPLETE), or the journal write that creates the entry COMMITTING
+    leased at epoch 1 (RUNNING). The run and its attempt exist exactly when that write
+    does. A key already recorded is a unique violation: the caller's transaction rolls
+    back and it takes the unfolded path.
+    """
+    j = d.json_param()
+    state = "'COMPLETE'" if complete else "'RUNNING'"
+    ended = "NOW" if complete else "NULL"
+    return d.sql(
+        "WITH run AS (INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, "
+        "request_hash, definition_hash, access_digest, access, provenance, state, "
+        f"current_attempt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, {j}, {j}, "
+        f"{state}, 1, NOW, NOW) RETURNING run_id) "
+        "INSERT INTO dpone_run_attempts (run_id, attempt, owner, provenance, state, "
+        f"started_at, ended_at) SELECT run_id, 1, ?, {j}, {state}, NOW, {ended} FROM run"
+    )
 
 
 def get_run(cur: _Cursor, d: LedgerDialect, run_id: str) -> RunRecord | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
@@ -37,8 +37,9 @@ if TYPE_CHECKING:
     from dpone.ports.journal import (
         FoldingJournalPort,
         ForwardFoldingJournalPort,
+        ProvenCompletionJournalPort,
     )
-    from dpone.ports.ledger import RunLedgerPort
+    from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
 
@@ -174,6 +175,9 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 # ---------------------------------------------------------------------- SQL
+_RUN_WIDTH = 15  # columns of _ledger_sql.run_columns
+
+
 def _entry_columns(alias: str) -> str:
     a = alias
     return (
@@ -547,6 +551,20 @@ class PostgresCommitJournal:
             f"{round((self._lock_timeout_s + _STATEMENT_MARGIN_S) * 1000)}ms",
         )
         self._sql = _Statements.build(schema)
+        self._ledger_dialect = _ledger_sql.LedgerDialect(
+            placeholder="%s", prefix=f'"{schema}".', now="now()", postgres=True
+        )
+        self._run_complete = _ledger_sql.first_attempt_sql(self._ledger_dialect, complete=True)
+        self._run_running = _ledger_sql.first_attempt_sql(self._ledger_dialect, complete=False)
+        # the run under a key and the operation's entry, side by side in one row
+        self._find_run = (
+            "SELECT r.*, e.* FROM (SELECT 1) AS one "
+            "LEFT JOIN LATERAL (SELECT "
+            f'{_ledger_sql.run_columns(self._ledger_dialect)} FROM "{schema}".dpone_runs '
+            "WHERE idempotency_key = %s) AS r ON true "
+            f'LEFT JOIN LATERAL (SELECT {_entry_columns("j")} FROM "{schema}".dpone_journal '
+            "AS j WHERE j.operation_id = %s) AS e ON true"
+        )
         self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
         self._lock = threading.Lock()
         self._pool: ConnectionPool[_Conn] | None = None
@@ -756,6 +774,78 @@ class PostgresCommitJournal:
             raise _rules.intent_conflict(entry)
         return entry
 
+    def create_committing_with_run(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[JournalEntry, bool]:
+        """``create_committing`` and the new run at attempt 1 (RUNNING) in one transaction.
+
+        Forward mode's first attempt (ADR 0008): the run, its attempt 1 (the lease epoch
+        the entry is born with, owned by ``actor``) and the entry COMMITTING commit
+        together, in one pipelined round trip and one WAL flush. When the entry or the
+        run already exists, nothing of this write is kept: the entry is then created (or
+        found) by ``create_committing`` alone and the second value is False (the caller
+        records the run the ordinary way).
+
+        Returns:
+            ``(entry, run_recorded)``.
+
+        Raises:
+            UnsafeValue: provenance or access hold a secret-looking value (before I/O).
+            IntentConflict: the entry exists with another intent digest.
+            JournalUnavailable: the journal could not be written.
+        """
+        run_params = _ledger_sql.complete_run_params(start, owner=actor, provenance=provenance)
+        params = self._born_params(
+            CommitState.COMMITTING,
+            ttl=_rules.check_ttl(lease_ttl_seconds),
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=None,
+            evidence=evidence,
+        )
+
+        def write(conn: _Conn) -> tuple[Any, ...] | None:
+            try:
+                with conn.pipeline() as pipeline:
+                    conn.execute(b"BEGIN")
+                    conn.execute(self._run_running, run_params)
+                    cur = conn.execute(self._sql.create_complete, params)
+                    conn.execute(b"COMMIT")
+                    pipeline.sync()
+                    return cur.fetchone()
+            except pg_errors.UniqueViolation:
+                # the entry or the run exists: nothing was kept; end the failed transaction
+                if conn.info.transaction_status is not TransactionStatus.IDLE:
+                    conn.execute(b"ROLLBACK")
+                return None
+
+        # Repeating is safe: a write that did commit makes the repeat a unique violation,
+        # and the plain create below then finds the entry (ours: the caller resumes it).
+        row = self._run("record the intent and the run", write, repeatable=True)
+        if row is None:
+            entry = self.create_committing(
+                operation_id=operation_id,
+                intent_digest=intent_digest,
+                metadata=metadata,
+                actor=actor,
+                lease_ttl_seconds=lease_ttl_seconds,
+                evidence=evidence,
+            )
+            return entry, False
+        entry = _entry(row)
+        return entry, True
+
     def compare_and_set(
         self,
         *,
@@ -798,6 +888,53 @@ class PostgresCommitJournal:
             "write the journal state",
             lambda conn: self._cas(conn, query, params, expected_states=expected_states),
             repeatable=False,
+        )
+
+    def complete_proven(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """COMPLETE (lease ended) on an asynchronous-commit session: no flush of its own.
+
+        Only for a COMPLETE the target's fence proves (ADR 0008). WAL is flushed in
+        order, so the write is durable with the next synchronous commit on this server
+        (or the WAL writer's next flush, within ``wal_writer_delay``); a server crash
+        before that returns the entry to COMMITTING, which the next run completes after
+        observing the committed fence, writing nothing.
+        """
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            atomic=False,
+            audited=False,
+        )
+        query, params = self._cas_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            audit=None,
+            release_lease=True,
+        )
+        # Never repeated (as compare_and_set); the asynchronous-commit sessions are the
+        # run ledger's (``_ready_ledger_pool``)
+        return self._run(
+            "write the journal state",
+            lambda conn: self._cas(conn, query, params, expected_states=expected_states),
+            repeatable=False,
+            ledger=True,
         )
 
     def compare_and_set_within(
@@ -1277,11 +1414,59 @@ class PostgresCommitJournal:
             ),
         )
 
+    def find_run(
+        self, *, idempotency_key: str, operation_id: str
+    ) -> tuple[RunRecord | None, JournalEntry | None]:
+        """Return the run under the key and the operation's journal entry, in one read.
+
+        The replay of a finished run needs nothing else (ADR 0008): one round trip on a
+        journal session, no write.
+        """
+        row = self._run(
+            "read the run and its journal entry",
+            lambda conn: conn.execute(self._find_run, (idempotency_key, operation_id)).fetchone(),
+            repeatable=True,
+        )
+        assert row is not None  # noqa: S101 - the outer SELECT always returns one row
+        width = _RUN_WIDTH
+        run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
+        entry = None if row[width] is None else _entry(tuple(row[width:]))
+        return run, entry
+
+    def complete_run_writer(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
+    ) -> Callable[[object], None]:
+        """Check the run now; return the writer of the run COMPLETE in the target transaction.
+
+        The folded atomic first attempt (ADR 0008): the run, attempt 1 and their
+        COMPLETE end commit with the rows, the fence and the journal entry, or not at
+        all. In a pipelined transaction the statement is only queued: its error, if any,
+        is raised by the next statement that reads a result (the journal entry's INSERT,
+        which turns a unique violation into ``JournalConflict``).
+        """
+        params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
+        statement = self._run_complete
+
+        def write(txn: object) -> None:
+            if not isinstance(txn, psycopg.Connection):
+                raise TypeError("txn must be the target's psycopg.Connection")
+            self._check_txn(txn)
+            try:
+                with txn.cursor(row_factory=tuple_row) as cur:
+                    cur.execute(statement, params)
+            except pg_errors.UniqueViolation as exc:
+                raise JournalConflict(
+                    "the run was recorded by another executor first; read it and decide again",
+                    operation_id=start.operation_id,
+                ) from exc
+            except psycopg.Error as exc:
+                raise self._translate(exc, "record the run in the target transaction") from exc
+
+        return write
+
     def _ledger(self, action: str, work: Callable[[_ledger_sql.LedgerDialect, _Conn], _T]) -> _T:
         """Run ledger statements in one transaction; every ledger write is repeatable."""
-        dialect = _ledger_sql.LedgerDialect(
-            placeholder="%s", prefix=f'"{self._schema}".', now="now()", postgres=True
-        )
+        dialect = self._ledger_dialect
 
         # Every ledger write is one statement (the PostgreSQL branches of _ledger_sql), run
         # on its own autocommit session whose commits do not wait for their WAL flush.
@@ -1399,7 +1584,11 @@ class PostgresCommitJournal:
         """Refuse a target transaction that is not open or not in this journal's database."""
         server = self._server_identity()
         info = txn.info
-        if info.transaction_status != TransactionStatus.INTRANS:
+        status = info.transaction_status
+        # in pipeline mode a statement queued in the transaction (the run ledger's,
+        # ADR 0008) shows it ACTIVE until the next result is read
+        queued = status == TransactionStatus.ACTIVE and info.pipeline_status != PipelineStatus.OFF
+        if status != TransactionStatus.INTRANS and not queued:
             raise ValueError(
                 "txn must be inside an open, healthy transaction: atomic mode needs it"
             )
@@ -1712,5 +1901,14 @@ if TYPE_CHECKING:
     def _keeps_runs(journal: PostgresCommitJournal) -> RunLedgerPort:
         return journal
 
+    def _finds_runs(journal: PostgresCommitJournal) -> LookupLedgerPort:
+        return journal
+
+    def _folds_runs(journal: PostgresCommitJournal) -> FoldingLedgerPort:
+        return journal
+
     def _conforms_forward(journal: PostgresCommitJournal) -> ForwardFoldingJournalPort:
+        return journal
+
+    def _completes_proven(journal: PostgresCommitJournal) -> ProvenCompletionJournalPort:
         return journal
