@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from dpone.cli._early import prefetch_run_source
 from dpone.cli.delivery import delivery_app
-from dpone.cli.publication import is_publication_workload, publication_app, write_publication
+from dpone.cli.publication import publication_app, write_publication
 from dpone.contracts.states import CommitState
 from dpone.errors import (
     CommittedIncomplete,
@@ -29,6 +30,7 @@ from dpone.errors import (
     LeaseHeld,
     UnsafeValue,
 )
+from dpone.runtime.retry import silence_stamina_hooks
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -172,9 +174,7 @@ def _setup_logging(fmt: LogFormat, quiet: bool) -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
-    import stamina.instrumentation
-
-    stamina.instrumentation.set_on_retry_hooks([])  # dpone logs each retry itself
+    silence_stamina_hooks()  # dpone logs each retry itself
 
 
 # ------------------------------------------------------------------ error boundary
@@ -248,10 +248,11 @@ def run(
     --partition: that one partition only, as a mapped task).
     """
     from dpone.api import run_operation
+    from dpone.config.workload import load_workload
 
     with _boundary(as_json):
-        publication = is_publication_workload(workload)
-    if publication:
+        loaded = load_workload(workload)  # once: the publication check and the run share it
+    if loaded.publication is not None:
         write_publication(
             workload,
             interval=interval,
@@ -266,7 +267,7 @@ def run(
     show = err.is_terminal if progress is None else progress
     with _boundary(as_json), _progress(show and log_format is LogFormat.text) as on_rows:
         result = run_operation(
-            workload,
+            loaded,
             interval=interval,
             partition=partition,
             on_rows=on_rows,
@@ -1031,6 +1032,7 @@ def main() -> None:
     # collector's sight, so the full collections that millions of row tuples trigger do not
     # re-walk typer/pydantic/rich on every pass (measured: -20% CPU on publication runs).
     gc.freeze()
+    prefetch_run_source(sys.argv[1:])
     try:
         app()
     except DponeError as exc:  # pragma: no cover - commands catch their own
