@@ -4,7 +4,15 @@ import sys
 
 from dpone.cli._early import prefetch_run_source
 
-prefetch_run_source(sys.argv[1:])  # before the CLI's imports: see dpone.cli._early
+# `dpone run ...` starts the source's identity hash, then runs without typer when it
+# can (dpone.cli._early, dpone.cli._run); everything else goes to the typer app.
+prefetch_run_source(sys.argv[1:])
+
+from dpone.cli._run import fast_run  # noqa: E402
+
+code = fast_run(sys.argv[1:])
+if code is not None:
+    sys.exit(code)
 
 from dpone.cli.main import main  # noqa: E402
 

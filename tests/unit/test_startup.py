@@ -93,7 +93,8 @@ def _workload(tmp_path: Path, path: str, extra: str = "") -> Path:
     file.write_text(
         "workload: w\nrelease: r\ndeployment: d\n"
         f"source: {{kind: csv, path: '{path}'}}\n"
-        "target: {kind: sqlite, url: 'sqlite:///t.db', table: t}\n" + extra,
+        "target: {kind: sqlite, url: 'sqlite:///t.db', table: t}\n"
+        "load: {strategy: append}\n" + extra,
         encoding="utf-8",
     )
     return file
@@ -147,3 +148,128 @@ def test_one_try_does_not_import_stamina_and_hooks_stay_silenced_when_it_loads()
         "assert list(stamina.instrumentation.get_on_retry_hooks()) == []\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+
+
+# ------------------------------------------------------------------ run without typer
+def _typer_run_options() -> tuple[set[str], set[str]]:
+    """(options that take a value, flags) of the typer ``run`` command."""
+    import typer.main
+
+    from dpone.cli.main import app
+
+    group = typer.main.get_command(app)
+    command = group.commands["run"]  # type: ignore[attr-defined]
+    values: set[str] = set()
+    flags: set[str] = set()
+    for param in command.params:
+        if param.param_type_name != "option":
+            continue
+        names = {*param.opts, *param.secondary_opts}
+        (flags if param.is_flag else values).update(names)
+    return values, flags
+
+
+def test_the_fast_path_reads_exactly_the_typer_run_options() -> None:
+    from dpone.cli._run import RUN_FLAGS, RUN_VALUE_OPTIONS
+
+    values, flags = _typer_run_options()
+    assert set(RUN_VALUE_OPTIONS) == values == _early._VALUE_OPTIONS
+    assert set(RUN_FLAGS) == flags
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--help"],
+        ["run"],
+        ["run", "a.yaml", "b.yaml"],
+        ["run", "a.yaml", "--interval"],
+        ["run", "a.yaml", "--interval", "x", "--interval", "y"],
+        ["run", "a.yaml", "--log-format", "xml"],
+        ["run", "a.yaml", "--unknown"],
+        ["run", "a.yaml", "-qv"],
+        ["run", "--", "a.yaml"],
+        ["journal", "list"],
+    ],
+)
+def test_the_fast_path_leaves_everything_else_to_typer(args: list[str]) -> None:
+    from dpone.cli._run import _parse_run
+
+    assert _parse_run(args) is None
+
+
+def test_the_fast_path_parses_the_run_options() -> None:
+    from dpone.cli._run import LogFormat, _parse_run
+
+    parsed = _parse_run(
+        [
+            "run",
+            "--interval=2026-11-01/2026-11-02",
+            "w.yaml",
+            "--partition",
+            "p1",
+            "--json",
+            "--log-format",
+            "json",
+            "--no-progress",
+            "-q",
+            "--idempotency-key",
+            "k1",
+        ]
+    )
+    assert parsed == {
+        "workload": Path("w.yaml"),
+        "interval": "2026-11-01/2026-11-02",
+        "partition": "p1",
+        "as_json": True,
+        "log_format": LogFormat.json,
+        "progress": False,
+        "quiet": True,
+        "idempotency_key": "k1",
+    }
+
+
+def test_both_paths_print_and_exit_alike(tmp_path: Path) -> None:
+    """`python -m dpone run` (no typer) and the typer command: same output, same codes."""
+    from typer.testing import CliRunner
+
+    from dpone.cli.main import app
+    from dpone.testing.crash import run_dpone
+
+    write_orders_csv(tmp_path / "orders.csv", 50)
+    wl = _workload(tmp_path, "orders.csv", "journal: sqlite:///j.db\n")
+    args = ["run", str(wl), "--interval", "2026-11-01/2026-11-02", "--no-progress", "-q"]
+    fast = run_dpone([*args, "--json"], cwd=tmp_path)
+    assert fast.returncode == 0, fast.stderr
+    first = json_of(fast.stdout)
+    assert first["state"] == "COMPLETE"
+    assert first["replayed"] is False
+    replay = CliRunner().invoke(app, [*args, "--json"])
+    assert replay.exit_code == 0, replay.output
+    again = json_of(replay.output)
+    assert again["replayed"] is True
+    assert again["operation_id"] == first["operation_id"]
+    text = run_dpone(args, cwd=tmp_path)
+    assert text.returncode == 0
+    assert text.stdout.startswith(f"COMPLETE {first['operation_id']} rows=50 ")
+    assert "(already complete: recorded result returned, nothing written)" in text.stdout
+    # an error: the same message and exit code both ways
+    missing = ["run", str(tmp_path / "nope.yaml"), "--interval", "2026-11-01/2026-11-02"]
+    fast_err = run_dpone(missing, cwd=tmp_path)
+    typer_err = CliRunner().invoke(app, missing)
+    assert fast_err.returncode == typer_err.exit_code == 2
+    assert "DPONE_CONFIG_INVALID" in fast_err.stderr
+    assert "does not exist" in fast_err.stderr
+    assert "Traceback" not in fast_err.stderr
+    # typer still answers what the fast path does not read
+    helped = run_dpone(["run", "--help"], cwd=tmp_path)
+    assert helped.returncode == 0
+    assert "WORKLOAD" in helped.stdout
+
+
+def json_of(text: str) -> dict[str, object]:
+    import json
+
+    value = json.loads(text)
+    assert isinstance(value, dict)
+    return value
