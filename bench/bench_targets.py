@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -178,21 +179,25 @@ def mariadb_round(work: Path, dsn: str, i: int) -> dict[str, float]:
 
 
 def duckdb_round(work: Path, i: int) -> dict[str, float]:
+    """One round; who goes first rotates (page cache and disk state favour no one)."""
     data = str(work / "orders.csv")
-    out = {
-        "duck_plain_file": child(
+    runs: dict[str, Callable[[], float]] = {
+        "duck_plain_file": lambda: child(
             [sys.executable, "-c", PLAIN_DUCKDB_FILE, data, str(work / f"pf{i}.duckdb")], work
         ),
-        "duck_dpone": dpone_run(
+        "duck_dpone": lambda: dpone_run(
             work, f"d{i}", f'{{kind: duckdb, url: "duckdb:///dp{i}.duckdb", table: orders}}'
         ),
-        "duck_plain_rows": child(
+        "duck_plain_rows": lambda: child(
             [sys.executable, "-c", PLAIN_DUCKDB, data, str(work / f"pr{i}.duckdb")], work
         ),
     }
+    names = list(runs)
+    shift = i % len(names)
+    out = {name: runs[name]() for name in names[shift:] + names[:shift]}
     for db in (f"pf{i}.duckdb", f"dp{i}.duckdb", f"pr{i}.duckdb"):
         (work / db).unlink(missing_ok=True)
-    return out
+    return {name: out[name] for name in names}
 
 
 def summary(times: dict[str, list[float]], plain: str, ours: str) -> dict[str, object]:
