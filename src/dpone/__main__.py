@@ -1,8 +1,11 @@
 """``python -m dpone`` runs the command line."""
 
+import gc
 import sys
 
-from dpone.cli._early import prefetch_run_source
+gc.disable()  # during start-up only: dpone.cli._run.fast_run and main() turn it back on
+
+from dpone.cli._early import prefetch_run_source  # noqa: E402
 
 # `dpone run ...` starts the source's identity hash, then runs without typer when it
 # can (dpone.cli._early, dpone.cli._run); everything else goes to the typer app.

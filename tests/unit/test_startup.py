@@ -273,3 +273,33 @@ def json_of(text: str) -> dict[str, object]:
     value = json.loads(text)
     assert isinstance(value, dict)
     return value
+
+
+def test_the_collector_is_back_on_before_any_command_runs(tmp_path: Path) -> None:
+    """Start-up runs with gc off; the run path and the typer path both turn it back on."""
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    wl = _workload(tmp_path, "orders.csv")
+    probe = (
+        "import gc, runpy, sys\n"
+        "import dpone.cli._run as r\n"
+        "import dpone.cli.main as m\n"
+        "def seen(*a, **k):\n"
+        "    print('run', gc.isenabled(), bool(gc.get_freeze_count()))\n"
+        "    return 0\n"
+        "r.run_loaded = seen\n"
+        "m.app = lambda: print('typer', gc.isenabled(), bool(gc.get_freeze_count()))\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "runpy.run_module('dpone', run_name='__main__')\n"
+    )
+    for args, expected in (
+        (["run", str(wl), "--interval", "2026-11-01/2026-11-02"], "run True True"),
+        (["journal", "list", "--workload", str(wl)], "typer True True"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.stdout.strip() == expected, done.stderr
