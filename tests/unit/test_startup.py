@@ -303,3 +303,14 @@ def test_the_collector_is_back_on_before_any_command_runs(tmp_path: Path) -> Non
             check=False,
         )
         assert done.stdout.strip() == expected, done.stderr
+
+
+def test_the_console_script_entry_reaches_the_typer_commands() -> None:
+    import dpone
+
+    probe = "import sys; sys.argv = ['dpone', 'version']; from dpone.cli.entry import main; main()"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == dpone.__version__

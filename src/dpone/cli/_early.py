@@ -43,8 +43,8 @@ def prefetch_run_source(args: list[str]) -> None:
     """Start hashing the source file of ``dpone run WORKLOAD ...`` (``args`` after ``dpone``).
 
     Never raises: anything unexpected means no prefetch, and the run does its usual work.
-    Only the first call in a process looks (``python -m dpone`` calls it before
-    importing the CLI, the console script from ``main``).
+    Only the first call in a process looks (``dpone.cli.entry`` calls it before
+    importing the rest of dpone; the typer app's ``main`` calls it again).
     """
     global _started  # noqa: PLW0603 - once per process
     if _started:

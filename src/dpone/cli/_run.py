@@ -1,6 +1,6 @@
 """``dpone run`` without typer, and the output helpers every command shares.
 
-``python -m dpone run WORKLOAD ...`` (and the ``dpone`` script) first tries
+``dpone run WORKLOAD ...`` (``dpone.cli.entry``: the script and ``python -m dpone``) tries
 :func:`fast_run`: for the documented ``run`` options it parses the arguments itself
 and runs, so a short load does not pay for importing and running the CLI framework
 (typer's import and parse are about 30 ms of a 1M-row PostgreSQL load's start-up).
@@ -338,8 +338,8 @@ _tried = False
 def fast_run(args: list[str]) -> int | None:
     """Run ``dpone run ...`` (``args`` after ``dpone``) without typer; None: not handled.
 
-    Only the first call in a process tries (``python -m dpone`` calls it before
-    importing the CLI, ``main`` again for the console script).
+    Only the first call in a process tries (``dpone.cli.entry`` calls it first; the
+    typer app's ``main`` calls it again, for callers that start there).
     """
     global _tried  # noqa: PLW0603 - once per process
     if _tried:

@@ -874,7 +874,7 @@ def version() -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    gc.disable()  # while dpone imports: see dpone.cli._run.fast_run
+    gc.disable()  # while dpone imports: see dpone.cli.entry
     prefetch_run_source(sys.argv[1:])
     code = fast_run(sys.argv[1:])  # `dpone run ...` without typer's parse (dpone.cli._run)
     if code is not None:
