@@ -314,3 +314,30 @@ def test_the_console_script_entry_reaches_the_typer_commands() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == dpone.__version__
+
+
+def test_a_quiet_run_in_a_pipeline_never_imports_rich(tmp_path: Path) -> None:
+    """-q without --progress/--no-progress, stderr not a terminal: rich stays unloaded."""
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    wl = _workload(tmp_path, "orders.csv", "journal: sqlite:///j.db\n")
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('dpone', run_name='__main__')\n"
+        "finally:\n"
+        "    print('rich loaded:', 'rich' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("COMPLETE ")
+    assert done.stdout.rstrip().endswith("rich loaded: False")

@@ -15,6 +15,7 @@ import gc
 import getpass
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -226,6 +227,21 @@ def _progress(enabled: bool) -> Iterator[Callable[[int], None] | None]:
         yield lambda n: bar.advance(task, n)
 
 
+def _stderr_is_terminal() -> bool:
+    """rich's answer for stderr, without importing rich when it can only be no.
+
+    rich says yes only for a TTY or when ``TTY_COMPATIBLE`` / ``FORCE_COLOR`` says so; a
+    run in a pipeline (the usual case) then never loads it.
+    """
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not tty and "TTY_COMPATIBLE" not in os.environ and "FORCE_COLOR" not in os.environ:
+        return False
+    return bool(err.is_terminal)
+
+
 # ------------------------------------------------------------------ run
 def run_loaded(
     workload: Workload,
@@ -242,7 +258,7 @@ def run_loaded(
     from dpone.api import run_operation
 
     _setup_logging(log_format, quiet)
-    show = err.is_terminal if progress is None else progress
+    show = _stderr_is_terminal() if progress is None else progress
     try:
         with _progress(show and log_format is LogFormat.text) as on_rows:
             result = run_operation(
