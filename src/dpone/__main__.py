@@ -1,5 +1,5 @@
-"""``python -m dpone`` runs the command line."""
+"""``python -m dpone`` runs the command line (see dpone.cli.entry)."""
 
-from dpone.cli.main import main
+from dpone.cli.entry import main
 
 main()

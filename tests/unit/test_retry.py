@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import stamina
 
-from dpone.cli.main import _JsonFormatter
+from dpone.cli._run import _JsonFormatter
 from dpone.config.workload import parse_workload
 from dpone.errors import (
     CommittedIncomplete,

@@ -5,33 +5,60 @@ from __future__ import annotations
 import gc
 import getpass
 import json
-import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from dpone.cli.delivery import delivery_app
-from dpone.cli.publication import is_publication_workload, publication_app, write_publication
-from dpone.contracts.states import CommitState
-from dpone.errors import (
-    CommittedIncomplete,
-    CommitUnknown,
-    ConfigInvalid,
-    DponeError,
-    IntentConflict,
-    LeaseHeld,
-    UnsafeValue,
+from dpone.cli._early import prefetch_run_source
+from dpone.cli._run import (
+    EXIT_COMMIT_UNKNOWN,
+    EXIT_COMMITTED_INCOMPLETE,
+    EXIT_FAILED,
+    EXIT_INTENT_CONFLICT,
+    EXIT_LEASE_HELD,
+    EXIT_OK,
+    EXIT_RETRYABLE,
+    EXIT_USAGE,
+    INTERRUPTED,
+    LogFormat,
+    _cli_provenance,
+    _setup_logging,
+    err,
+    exit_code_for,
+    fast_run,
+    out,
+    print_error,
+    run_loaded,
 )
+from dpone.cli.delivery import delivery_app
+from dpone.cli.publication import publication_app, write_publication
+from dpone.contracts.states import CommitState
+from dpone.errors import ConfigInvalid, DponeError
+
+# The documented exit codes (README "Exit codes") are importable from here.
+__all__ = [
+    "EXIT_COMMITTED_INCOMPLETE",
+    "EXIT_COMMIT_UNKNOWN",
+    "EXIT_FAILED",
+    "EXIT_INTENT_CONFLICT",
+    "EXIT_LEASE_HELD",
+    "EXIT_OK",
+    "EXIT_RETRYABLE",
+    "EXIT_USAGE",
+    "app",
+    "err",
+    "exit_code_for",
+    "main",
+    "out",
+]
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.text import Text
 
 app = typer.Typer(
@@ -60,142 +87,9 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(publication_app, name="publication")
 
 
-class _LazyConsole:
-    """A rich ``Console`` built on first use.
-
-    rich's console, tables and progress bars are imported only by the commands that
-    print through them: a quiet ``dpone run`` in a pipeline never loads them.
-    """
-
-    def __init__(self, **options: Any) -> None:
-        self._options = options
-        self._console: Console | None = None
-
-    @property
-    def console(self) -> Console:
-        """The real console."""
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(**self._options)
-        return self._console
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.console, name)
-
-
-out = _LazyConsole(highlight=False, soft_wrap=True)
-err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
-
-#: Documented exit codes (README "Exit codes").
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_COMMIT_UNKNOWN = 3
-EXIT_INTENT_CONFLICT = 4
-EXIT_LEASE_HELD = 5
-EXIT_COMMITTED_INCOMPLETE = 6
-EXIT_RETRYABLE = 75
-
-
-def exit_code_for(exc: DponeError) -> int:
-    """Map an error family to its documented exit code."""
-    if isinstance(exc, ConfigInvalid | UnsafeValue):
-        return EXIT_USAGE
-    if isinstance(exc, CommitUnknown):
-        return EXIT_COMMIT_UNKNOWN
-    if isinstance(exc, IntentConflict):
-        return EXIT_INTENT_CONFLICT
-    if isinstance(exc, LeaseHeld):
-        return EXIT_LEASE_HELD
-    if isinstance(exc, CommittedIncomplete):
-        return EXIT_COMMITTED_INCOMPLETE
-    if exc.retryable:
-        return EXIT_RETRYABLE
-    return EXIT_FAILED
-
-
-class LogFormat(str, Enum):
-    text = "text"
-    json = "json"
-
-
-# ------------------------------------------------------------------ logging
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        payload.update(getattr(record, "dpone", {}) or {})
-        return json.dumps(payload, sort_keys=True, default=str)
-
-
-class _TextFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        fields = getattr(record, "dpone", {}) or {}
-        op = str(fields.get("operation_id", ""))
-        short = op[:19] + "…" if len(op) > 20 else op
-        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
-        if "state" in fields and "version" in fields:
-            text = (
-                f"{fields.get('event', ''):<10} {fields['state']} v{fields['version']} "
-                f"epoch {fields.get('lease_epoch', '-')}"
-            )
-        else:
-            text = record.getMessage()
-        return f"dpone {short} {level}{text}"
-
-
-class _ConsoleHandler(logging.Handler):
-    """Writes through the shared stderr console so logs and the progress bar don't tear."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            err.print(self.format(record), markup=False, highlight=False)
-        except Exception:  # noqa: BLE001 - logging must never break the run
-            self.handleError(record)
-
-
-def _setup_logging(fmt: LogFormat, quiet: bool) -> None:
-    logger = logging.getLogger("dpone")
-    logger.handlers.clear()
-    handler: logging.Handler
-    if fmt is LogFormat.json:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler = _ConsoleHandler()
-        handler.setFormatter(_TextFormatter())
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
-    logger.propagate = False
-    import stamina.instrumentation
-
-    stamina.instrumentation.set_on_retry_hooks([])  # dpone logs each retry itself
-
-
 # ------------------------------------------------------------------ error boundary
 def _fail(exc: DponeError, *, as_json: bool) -> NoReturn:
-    code = exit_code_for(exc)
-    if as_json:
-        out.print_json(json.dumps({"error": exc.attrs(), "exit_code": code}))
-    else:
-        err.print("error", style="bold red", end=" ")
-        err.print(f"{exc.code.value}: {exc.message}", markup=False, highlight=False)
-        if exc.hint:
-            err.print(f"  fix: {exc.hint}", markup=False)
-        if exc.recovery_ref:
-            err.print(f"  next: {exc.recovery_ref}", markup=False)
-        if exc.operation_id:
-            where = [f"state {exc.state}"] if exc.state else []
-            if exc.journal_version is not None:
-                where.append(f"version {exc.journal_version}")
-            state = f" ({', '.join(where)})" if where else ""
-            err.print(f"  operation: {exc.operation_id}{state}", markup=False)
-    raise typer.Exit(code)
+    raise typer.Exit(print_error(exc, as_json=as_json))
 
 
 @contextmanager
@@ -205,7 +99,7 @@ def _boundary(as_json: bool) -> Iterator[None]:
     except DponeError as exc:
         _fail(exc, as_json=as_json)
     except KeyboardInterrupt:
-        err.print("interrupted; rerun the same command to resume safely")
+        err.print(INTERRUPTED)
         raise typer.Exit(130) from None
 
 
@@ -253,16 +147,15 @@ def run(
     (target.kind rest) delivers once and prints the outcome: completed or pending
     (exit 0; `dpone delivery resume` continues a pending one) or blocked (exit 3).
     """
-    from dpone.api import run_operation
+    from dpone.config.workload import load_workload
 
     with _boundary(as_json):
-        publication = is_publication_workload(workload)
-        rest = _is_rest_workload(workload)
-    if rest:
+        loaded = load_workload(workload)  # once: the publication check and the run share it
+    if loaded.target.kind == "rest":
         _setup_logging(log_format, quiet)
         _deliver(workload, interval, partition, idempotency_key, poll_budget, as_json=as_json)
         return
-    if publication:
+    if loaded.publication is not None:
         write_publication(
             workload,
             interval=interval,
@@ -272,41 +165,18 @@ def run(
             publish=partition is None,
         )
         return
-
-    _setup_logging(log_format, quiet)
-    show = err.is_terminal if progress is None else progress
-    with _boundary(as_json), _progress(show and log_format is LogFormat.text) as on_rows:
-        result = run_operation(
-            workload,
-            interval=interval,
-            partition=partition,
-            on_rows=on_rows,
-            idempotency_key=idempotency_key,
-            provenance=_cli_provenance(),
-        )
-    if as_json:
-        _emit_json(result.summary())
-        return
-    note = (
-        " (already complete: recorded result returned, nothing written)" if result.replayed else ""
+    code = run_loaded(
+        loaded,
+        interval=interval,
+        partition=partition,
+        as_json=as_json,
+        log_format=log_format,
+        progress=progress,
+        quiet=quiet,
+        idempotency_key=idempotency_key,
     )
-    if result.resumed and not result.replayed:
-        note = " (resumed an earlier attempt)"
-    attempt = "-" if result.attempt is None else str(result.attempt)
-    run_note = f" run={result.run_id} attempt={attempt}" if result.run_id else ""
-    # One plain line (no markup, no wrapping): printed without loading rich.
-    print(
-        f"{result.state.value} {result.operation_id} "
-        f"rows={'unknown' if result.rows_written is None else result.rows_written} "
-        f"mode={result.mode.value} version={result.journal_version}{run_note}{note}",
-        flush=True,
-    )
-
-
-def _is_rest_workload(workload: Path) -> bool:
-    from dpone.config.workload import load_workload
-
-    return load_workload(workload).target.kind == "rest"
+    if code != EXIT_OK:
+        raise typer.Exit(code)
 
 
 def _deliver(
@@ -339,34 +209,6 @@ def _deliver(
                 poll_budget_s=poll_budget,
             )
     raise typer.Exit(print_result(result, as_json=as_json))
-
-
-def _cli_provenance() -> Any:
-    """Who ran this command: OS user, host and the command line (checked for secrets)."""
-    import socket
-
-    from dpone.contracts.run import CliProvenance
-
-    command = " ".join(["dpone", *sys.argv[1:]])[:500]
-    return CliProvenance(user=getpass.getuser(), host=socket.gethostname(), command=command)
-
-
-@contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[int], None] | None]:
-    if not enabled:
-        yield None
-        return
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]loading[/] {task.completed:,.0f} rows"),
-        TimeElapsedColumn(),
-        console=err.console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("rows", total=None)
-        yield lambda n: bar.advance(task, n)
 
 
 # ------------------------------------------------------------------ journal
@@ -1076,10 +918,16 @@ def version() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    gc.disable()  # while dpone imports: see dpone.cli.entry
+    prefetch_run_source(sys.argv[1:])
+    code = fast_run(sys.argv[1:])  # `dpone run ...` without typer's parse (dpone.cli._run)
+    if code is not None:
+        sys.exit(code)
     # Everything imported so far lives as long as the process: move it out of the cyclic
     # collector's sight, so the full collections that millions of row tuples trigger do not
     # re-walk typer/pydantic/rich on every pass (measured: -20% CPU on publication runs).
     gc.freeze()
+    gc.enable()
     try:
         app()
     except DponeError as exc:  # pragma: no cover - commands catch their own

@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
-
-import stamina
+from typing import TYPE_CHECKING, TypeVar
 
 from dpone.errors import DponeError, ErrorCode, Retryability
 
-__all__ = ["NEVER_RETRY", "RetryNotice", "RetryPolicy", "call_with_retries", "is_retryable"]
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = [
+    "NEVER_RETRY",
+    "RetryNotice",
+    "RetryPolicy",
+    "call_with_retries",
+    "is_retryable",
+    "silence_stamina_hooks",
+]
 
 _T = TypeVar("_T")
 _log = logging.getLogger("dpone.runtime")
@@ -112,8 +121,9 @@ def call_with_retries(
 
     """
     if policy.attempts == 1:
-        # one try (the default): nothing to schedule, so skip building the retry machinery,
-        # which costs more than a small operation's journal read (docs/benchmarks.md)
+        # one try (the default): nothing to schedule, so skip building the retry machinery
+        # and importing stamina (a small operation's journal read costs less; and it is
+        # part of a short `dpone run`'s start-up; docs/benchmarks.md)
         return work()
     chance = rng or random.Random()  # noqa: S311 - jitter, not cryptography
     started = clock()
@@ -143,7 +153,7 @@ def call_with_retries(
             on_retry(notice)
         return wait  # stamina waits exactly this (nothing in its test mode)
 
-    for attempt in stamina.retry_context(
+    for attempt in _stamina().retry_context(
         on=decide,
         attempts=policy.attempts,
         timeout=policy.budget_seconds,
@@ -155,6 +165,31 @@ def call_with_retries(
         with attempt:
             return work()
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+_hooks_silenced = False
+
+
+def silence_stamina_hooks() -> None:
+    """Turn off stamina's own retry hooks in this process (the CLI logs each retry itself).
+
+    Applied now if stamina is loaded, else when :func:`call_with_retries` first loads it
+    (a policy of one try never does).
+    """
+    global _hooks_silenced  # noqa: PLW0603 - a process-wide setting, like stamina's own
+    _hooks_silenced = True
+    if "stamina" in sys.modules:
+        _stamina()
+
+
+def _stamina() -> ModuleType:
+    """Import stamina on first use (applying :func:`silence_stamina_hooks` if asked)."""
+    import stamina
+    import stamina.instrumentation
+
+    if _hooks_silenced:
+        stamina.instrumentation.set_on_retry_hooks([])
+    return stamina
 
 
 def _log_retry(notice: RetryNotice) -> None:

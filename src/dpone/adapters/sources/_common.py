@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from dpone.adapters.sources._prefetch import sha256_of_file, take_prefetched
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
 
@@ -45,21 +46,27 @@ def _missing(path: Path) -> SourceInvalid:
 
 
 def file_identity(path: Path) -> str:
-    """Return ``sha256:<hex>`` of the file's bytes, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """Return ``sha256:<hex>`` of the file's bytes, read in 1 MiB chunks.
+
+    When ``_prefetch.prefetch_identity`` started hashing this very file and the file has not
+    changed since (same device, inode, size, mtime and ctime), its result is used.
+    """
+    early = take_prefetched(path)
+    if early is not None:
+        return early
+    return _hash_file(path)
+
+
+def _hash_file(path: Path) -> str:
     try:
-        with path.open("rb", buffering=0) as handle:
-            buffer = bytearray(CHUNK_SIZE)
-            view = memoryview(buffer)
-            while size := handle.readinto(buffer):
-                digest.update(view[:size])
+        digest = sha256_of_file(path)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         raise _missing(path) from exc
     except OSError as exc:
         raise SourceInvalid(
             f"source file {str(path)!r} could not be read ({type(exc).__name__})"
         ) from exc
-    return "sha256:" + digest.hexdigest()
+    return digest
 
 
 class HashingReader(io.RawIOBase):

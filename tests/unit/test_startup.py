@@ -1,0 +1,355 @@
+"""`dpone run` start-up: the identity hash prefetched beside the imports, stamina loaded lazily."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dpone.adapters.sources import _prefetch
+from dpone.adapters.sources._common import file_identity
+from dpone.cli import _early
+from dpone.errors import SourceInvalid
+from dpone.testing.crash import write_orders_csv
+
+
+def sha(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
+    monkeypatch.setattr(_early, "_started", False)
+
+
+def test_prefetched_identity_is_the_file_hash_and_is_used_once(tmp_path: Path) -> None:
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    _prefetch.prefetch_identity(data)
+    assert str(data.resolve()) in _prefetch._PREFETCHED
+    assert file_identity(data) == sha(data)
+    assert _prefetch._PREFETCHED == {}  # taken: a second call hashes the file itself
+    assert file_identity(data) == sha(data)
+
+
+def test_a_file_changed_after_the_prefetch_is_hashed_again(tmp_path: Path) -> None:
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    _prefetch.prefetch_identity(data)
+    pending = _prefetch._PREFETCHED[str(data.resolve())]
+    pending._thread.join()
+    assert pending.identity == sha(data)
+    time.sleep(0.01)
+    # same size, other bytes: only the timestamps tell
+    raw = bytearray(data.read_bytes())
+    raw[-3:-1] = b"99" if raw[-3:-1] != b"99" else b"98"
+    data.write_bytes(bytes(raw))
+    assert file_identity(data) == sha(data) != pending.identity
+
+
+def test_a_replaced_file_is_hashed_again(tmp_path: Path) -> None:
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    _prefetch.prefetch_identity(data)
+    _prefetch._PREFETCHED[str(data.resolve())]._thread.join()
+    other = tmp_path / "b.csv"
+    write_orders_csv(other, 1000, start_id=7)
+    os.replace(other, data)  # another inode under the same name
+    assert file_identity(data) == sha(data)
+
+
+def test_a_missing_file_still_fails_with_the_usual_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.csv"
+    _prefetch.prefetch_identity(missing)
+    with pytest.raises(SourceInvalid, match="does not exist"):
+        file_identity(missing)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", "w.yaml", "--interval", "a/b"], "w.yaml"),
+        (["run", "--interval", "a/b", "-q", "w.yaml"], "w.yaml"),
+        (["run", "--partition", "p1", "--idempotency-key", "k", "w.yaml"], "w.yaml"),
+        (["run", "--interval=a/b", "w.yaml"], "w.yaml"),
+        (["run", "--", "-w.yaml"], "-w.yaml"),
+        (["journal", "list", "w.yaml"], None),
+        (["run", "--interval", "a/b"], None),
+        ([], None),
+    ],
+)
+def test_the_workload_argument_of_dpone_run(args: list[str], expected: str | None) -> None:
+    assert _early._workload_argument(args) == expected
+
+
+def _workload(tmp_path: Path, path: str, extra: str = "") -> Path:
+    file = tmp_path / "w.yaml"
+    file.write_text(
+        "workload: w\nrelease: r\ndeployment: d\n"
+        f"source: {{kind: csv, path: '{path}'}}\n"
+        "target: {kind: sqlite, url: 'sqlite:///t.db', table: t}\n"
+        "load: {strategy: append}\n" + extra,
+        encoding="utf-8",
+    )
+    return file
+
+
+def test_dpone_run_prefetches_a_large_fixed_source_file(tmp_path: Path) -> None:
+    write_orders_csv(tmp_path / "big.csv", 40_000)  # over 1 MiB
+    wl = _workload(tmp_path, "big.csv")
+    _early.prefetch_run_source(["run", str(wl), "--interval", "2026-11-01/2026-11-02"])
+    assert list(_prefetch._PREFETCHED) == [str((tmp_path / "big.csv").resolve())]
+    _early.prefetch_run_source(["run", str(wl)])  # once per process
+    assert len(_prefetch._PREFETCHED) == 1
+    assert file_identity(tmp_path / "big.csv") == sha(tmp_path / "big.csv")
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("small.csv", ""),  # under 1 MiB: hashed when asked, no thread
+        ("p{partition}.csv", ""),  # depends on the run's arguments
+        ("big.csv", "publication: {}\n"),  # many partitions: not this peek's business
+        ("nope.csv", ""),  # the run reports it
+    ],
+)
+def test_dpone_run_leaves_other_sources_alone(tmp_path: Path, path: str, extra: str) -> None:
+    write_orders_csv(tmp_path / "small.csv", 10)
+    write_orders_csv(tmp_path / "big.csv", 40_000)
+    wl = _workload(tmp_path, path, extra)
+    _early.prefetch_run_source(["run", str(wl)])
+    assert _prefetch._PREFETCHED == {}
+
+
+def test_an_unreadable_workload_is_left_to_the_run(tmp_path: Path) -> None:
+    bad = tmp_path / "w.yaml"
+    bad.write_text("source: [unclosed", encoding="utf-8")
+    _early.prefetch_run_source(["run", str(bad)])
+    _early._started = False
+    _early.prefetch_run_source(["run", str(tmp_path / "missing.yaml")])
+    assert _prefetch._PREFETCHED == {}
+
+
+def test_one_try_does_not_import_stamina_and_hooks_stay_silenced_when_it_loads() -> None:
+    probe = (
+        "import sys\n"
+        "from dpone.runtime.retry import RetryPolicy, call_with_retries, silence_stamina_hooks\n"
+        "silence_stamina_hooks()\n"
+        "assert call_with_retries(lambda: 1, policy=RetryPolicy()) == 1\n"
+        "assert 'stamina' not in sys.modules\n"
+        "assert call_with_retries(lambda: 2, policy=RetryPolicy(attempts=3)) == 2\n"
+        "import stamina.instrumentation\n"
+        "assert list(stamina.instrumentation.get_on_retry_hooks()) == []\n"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+
+
+# ------------------------------------------------------------------ run without typer
+def _typer_run_options() -> tuple[set[str], set[str]]:
+    """(options that take a value, flags) of the typer ``run`` command."""
+    import typer.main
+
+    from dpone.cli.main import app
+
+    group = typer.main.get_command(app)
+    command = group.commands["run"]  # type: ignore[attr-defined]
+    values: set[str] = set()
+    flags: set[str] = set()
+    for param in command.params:
+        if param.param_type_name != "option":
+            continue
+        names = {*param.opts, *param.secondary_opts}
+        (flags if param.is_flag else values).update(names)
+    return values, flags
+
+
+def test_the_fast_path_reads_exactly_the_typer_run_options() -> None:
+    from dpone.cli._run import RUN_FLAGS, RUN_VALUE_OPTIONS
+
+    values, flags = _typer_run_options()
+    assert set(RUN_VALUE_OPTIONS) == values == _early._VALUE_OPTIONS
+    assert set(RUN_FLAGS) == flags
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--help"],
+        ["run"],
+        ["run", "a.yaml", "b.yaml"],
+        ["run", "a.yaml", "--interval"],
+        ["run", "a.yaml", "--interval", "x", "--interval", "y"],
+        ["run", "a.yaml", "--log-format", "xml"],
+        ["run", "a.yaml", "--unknown"],
+        ["run", "a.yaml", "-qv"],
+        ["run", "--", "a.yaml"],
+        ["journal", "list"],
+    ],
+)
+def test_the_fast_path_leaves_everything_else_to_typer(args: list[str]) -> None:
+    from dpone.cli._run import _parse_run
+
+    assert _parse_run(args) is None
+
+
+def test_the_fast_path_parses_the_run_options() -> None:
+    from dpone.cli._run import LogFormat, _parse_run
+
+    parsed = _parse_run(
+        [
+            "run",
+            "--interval=2026-11-01/2026-11-02",
+            "w.yaml",
+            "--partition",
+            "p1",
+            "--json",
+            "--log-format",
+            "json",
+            "--no-progress",
+            "-q",
+            "--idempotency-key",
+            "k1",
+        ]
+    )
+    assert parsed == {
+        "workload": Path("w.yaml"),
+        "interval": "2026-11-01/2026-11-02",
+        "partition": "p1",
+        "as_json": True,
+        "log_format": LogFormat.json,
+        "progress": False,
+        "quiet": True,
+        "idempotency_key": "k1",
+    }
+
+
+def test_both_paths_print_and_exit_alike(tmp_path: Path) -> None:
+    """`python -m dpone run` (no typer) and the typer command: same output, same codes."""
+    from typer.testing import CliRunner
+
+    from dpone.cli.main import app
+    from dpone.testing.crash import run_dpone
+
+    write_orders_csv(tmp_path / "orders.csv", 50)
+    wl = _workload(tmp_path, "orders.csv", "journal: sqlite:///j.db\n")
+    args = ["run", str(wl), "--interval", "2026-11-01/2026-11-02", "--no-progress", "-q"]
+    fast = run_dpone([*args, "--json"], cwd=tmp_path)
+    assert fast.returncode == 0, fast.stderr
+    first = json_of(fast.stdout)
+    assert first["state"] == "COMPLETE"
+    assert first["replayed"] is False
+    replay = CliRunner().invoke(app, [*args, "--json"])
+    assert replay.exit_code == 0, replay.output
+    again = json_of(replay.output)
+    assert again["replayed"] is True
+    assert again["operation_id"] == first["operation_id"]
+    text = run_dpone(args, cwd=tmp_path)
+    assert text.returncode == 0
+    assert text.stdout.startswith(f"COMPLETE {first['operation_id']} rows=50 ")
+    assert "(already complete: recorded result returned, nothing written)" in text.stdout
+    # an error: the same message and exit code both ways
+    missing = ["run", str(tmp_path / "nope.yaml"), "--interval", "2026-11-01/2026-11-02"]
+    fast_err = run_dpone(missing, cwd=tmp_path)
+    typer_err = CliRunner().invoke(app, missing)
+    assert fast_err.returncode == typer_err.exit_code == 2
+    assert "DPONE_CONFIG_INVALID" in fast_err.stderr
+    assert "does not exist" in fast_err.stderr
+    assert "Traceback" not in fast_err.stderr
+    # typer still answers what the fast path does not read
+    helped = run_dpone(["run", "--help"], cwd=tmp_path)
+    assert helped.returncode == 0
+    assert "WORKLOAD" in helped.stdout
+
+
+def json_of(text: str) -> dict[str, object]:
+    import json
+
+    value = json.loads(text)
+    assert isinstance(value, dict)
+    return value
+
+
+def test_the_collector_is_back_on_before_any_command_runs(tmp_path: Path) -> None:
+    """Start-up runs with gc off; the run path and the typer path both turn it back on."""
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    wl = _workload(tmp_path, "orders.csv")
+    probe = (
+        "import gc, runpy, sys\n"
+        "import dpone.cli._run as r\n"
+        "import dpone.cli.main as m\n"
+        "def seen(*a, **k):\n"
+        "    print('run', gc.isenabled(), bool(gc.get_freeze_count()))\n"
+        "    return 0\n"
+        "r.run_loaded = seen\n"
+        "m.app = lambda: print('typer', gc.isenabled(), bool(gc.get_freeze_count()))\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "runpy.run_module('dpone', run_name='__main__')\n"
+    )
+    for args, expected in (
+        (["run", str(wl), "--interval", "2026-11-01/2026-11-02"], "run True True"),
+        (["journal", "list", "--workload", str(wl)], "typer True True"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.stdout.strip() == expected, done.stderr
+
+
+def test_the_console_script_entry_reaches_the_typer_commands() -> None:
+    import dpone
+
+    probe = "import sys; sys.argv = ['dpone', 'version']; from dpone.cli.entry import main; main()"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == dpone.__version__
+
+
+def test_a_quiet_run_in_a_pipeline_never_imports_rich(tmp_path: Path) -> None:
+    """-q without --progress/--no-progress, stderr not a terminal: rich stays unloaded."""
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    wl = _workload(tmp_path, "orders.csv", "journal: sqlite:///j.db\n")
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('dpone', run_name='__main__')\n"
+        "finally:\n"
+        "    print('rich loaded:', 'rich' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("COMPLETE ")
+    assert done.stdout.rstrip().endswith("rich loaded: False")
+    # where rich would call stderr a terminal, it still decides (and draws the bar)
+    forced = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-02/2026-11-03", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env={**env, "TTY_COMPATIBLE": "1"},
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stdout.rstrip().endswith("rich loaded: True")
