@@ -10,6 +10,9 @@ how it deferred.
 
 ``blocked WORKLOAD OP``: one ``execute_complete`` whose remote job failed; report the
 ``AirflowFailException`` message.
+
+``execute WORKLOAD``: one ``execute`` of a fresh task (a first try); report what it
+returned, how it deferred, or the ``AirflowFailException`` message.
 """
 
 from __future__ import annotations
@@ -92,12 +95,34 @@ def _blocked(workload: str, op: str) -> dict[str, Any]:
     return {"returned": returned}
 
 
+def _execute(workload: str) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
+
+    from dpone.airflow.delivery import DponeDeliveryOperator
+
+    task = DponeDeliveryOperator(
+        task_id="deliver", workload=workload, interval="2026-11-01T00:00:00Z/2026-11-02T00:00:00Z"
+    )
+    ti = SimpleNamespace(dag_id="probe", task_id="deliver", map_index=-1, try_number=1)
+    context = {"ti": ti, "dag_run": SimpleNamespace(run_id="manual__probe")}
+    try:
+        return {"returned": task.execute(context)}
+    except AirflowFailException as stop:
+        return {"failed": str(stop)}
+    except TaskDeferred as deferred:
+        return {"deferred": deferred.trigger.serialize()[1]}
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "trigger":
         result = _trigger(sys.argv[2], json.loads(sys.argv[3]))
     elif mode == "blocked":
         result = _blocked(sys.argv[2], sys.argv[3])
+    elif mode == "execute":
+        result = _execute(sys.argv[2])
     else:
         result = _operator(sys.argv[2:])
     print("PROBE " + json.dumps(result, default=str))
