@@ -13,7 +13,7 @@ receiver, each with its own job of ``--job-seconds``:
 - ``blocking``: the same operator with ``poll_budget_s`` longer than the job: the
   worker polls the receiver itself every 5 s (the workload's poll interval).
 
-The journal is PostgreSQL (the shared server, a fresh schema) reached through
+The journal is PostgreSQL (the shared server, a fresh schema per task) reached through
 ``journal_conn_id``: the Airflow connection carries a password, so the trigger gets the
 ``conn_id`` locator and the triggerer resolves the connection itself.
 
@@ -32,9 +32,12 @@ How the worker side is measured (all times are ``time.time()`` on this machine):
   exit (it raises TaskDeferred and exits) + every later process of the task (each
   ``execute_complete``) for its whole life, fork to exit (DAG parse and imports
   included). Their parent, the LocalExecutor worker that supervises the task process,
-  is reported apart (its CPU while its task process lived).
+  is reported apart (its CPU while its task process lived), and so is the executor slot
+  as Airflow accounts for it: the ``Workload finished ... duration=`` the supervisor
+  logs for each task run (fork to exit and clean-up), counted from the submission.
 - The triggerer's CPU (every process of its session: the triggerer and its trigger
-  runner) is sampled every 0.5 s; reported over the deferral and as an idle rate before.
+  runner) is sampled every 0.5 s; reported over the deferral and, for comparison, over
+  ``--idle-seconds`` after the run when no trigger is left.
 
 Usage: python bench/bench_delivery_airflow.py [--job-seconds 180]
 (run with main's venv and ``PYTHONPATH=$PWD/src``; takes the job's length plus ~1-2 min).
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -54,6 +58,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -242,12 +247,12 @@ class Sampler(threading.Thread):
             tick += 1
             time.sleep(0.05)
 
-    def triggerer_cpu(self, start: float, end: float) -> float:
-        before = [cpu for t, cpu in self.triggerer if t <= start]
-        after = [cpu for t, cpu in self.triggerer if t >= end]
-        if not before or not after:
-            return float("nan")
-        return after[0] - before[-1]
+    def triggerer_cpu(self, start: float, end: float) -> tuple[float, float]:
+        """(CPU seconds, seconds sampled) of the triggerer between ``start`` and ``end``."""
+        inside = [(t, cpu) for t, cpu in self.triggerer if start <= t <= end]
+        if len(inside) < 2:
+            return float("nan"), 0.0
+        return inside[-1][1] - inside[0][1], inside[-1][0] - inside[0][0]
 
 
 # ------------------------------------------------------------------ the run
@@ -321,13 +326,17 @@ def _prepare_airflow(work: Path) -> tuple[Airflow, Path]:
     return airflow, home
 
 
-def run(job_seconds: float, work: Path) -> dict[str, Any]:
+def run(job_seconds: float, work: Path, idle_seconds: float) -> dict[str, Any]:
     import psycopg
 
-    schema = f"bench_af_{uuid.uuid4().hex[:10]}"
+    # one journal schema per task: two first uses of one fresh schema at the same moment
+    # race in creating the checkpoint tables (see docs/benchmarks.md)
+    base = f"bench_af_{uuid.uuid4().hex[:10]}"
+    schemas = {"deferred": base + "_d", "blocking": base + "_b"}
     dsn = _pg_dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
+        for schema in schemas.values():
+            conn.execute(f'CREATE SCHEMA "{schema}"')
     marks = work / "marks"
     marks.mkdir()
     airflow, home = _prepare_airflow(work)
@@ -336,8 +345,8 @@ def run(job_seconds: float, work: Path) -> dict[str, Any]:
     try:
         with ReceiverProcess(work / "rx", token=TOKEN) as rx:
             rx.set_faults(job_duration_s=job_seconds)
-            deferred = _workload(work / "deferred", rx.url, "orders_deferred", schema)
-            blocking = _workload(work / "blocking", rx.url, "orders_blocking", schema)
+            deferred = _workload(work / "deferred", rx.url, "orders_deferred", schemas["deferred"])
+            blocking = _workload(work / "blocking", rx.url, "orders_blocking", schemas["blocking"])
             dags = work / "dags"
             dags.mkdir()
             (dags / "bench.py").write_text(
@@ -391,8 +400,13 @@ def run(job_seconds: float, work: Path) -> dict[str, Any]:
                     if "import_error" in states or states.get("dag_run") in ("success", "failed"):
                         break
                 time.sleep(0.5)
-            time.sleep(1.0)  # the last task process exits after its state is written
+            # the last task process exits after its state is written; then the triggerer
+            # runs no trigger: its idle rate, for comparison with the deferral
+            time.sleep(1.0)
+            idle_from = time.time()
+            time.sleep(idle_seconds)
             sampler.stop()
+            idle_to = time.time()
             jobs = _receiver_jobs(rx.db_path)
     finally:
         for proc in procs:
@@ -400,13 +414,19 @@ def run(job_seconds: float, work: Path) -> dict[str, Any]:
         if sampler.is_alive():
             sampler.stop()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            for schema in schemas.values():
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     if not states or states.get("dag_run") != "success":
         logs = "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in work.glob("*.log")
         )
         raise SystemExit(f"the DAG run did not succeed: {states}\n{logs}")
-    return _figures(job_seconds, home, work, sampler, timeline, jobs)
+    figures = _figures(job_seconds, home, work, sampler, timeline, jobs)
+    idle, span = sampler.triggerer_cpu(idle_from, idle_to)
+    figures.setdefault("triggerer", {})["idle_cpu_per_minute_after_s"] = round(
+        idle / max(span, 1e-9) * 60, 2
+    )
+    return figures
 
 
 def _figures(
@@ -418,6 +438,11 @@ def _figures(
     jobs: dict[str, tuple[float, float]],
 ) -> dict[str, Any]:
     xcoms = _xcoms(home)
+    with metadata(home) as db:
+        ti_ids = dict(
+            db.execute("SELECT task_id, id FROM task_instance WHERE dag_id = ?", (DAG_ID,))
+        )
+    workloads = _supervised(work / "scheduler.log")
     leaks = [
         str(p)
         for p in [*home.glob("logs/**/*.log"), *work.glob("*.log")]
@@ -462,7 +487,18 @@ def _figures(
             cpu += used
             supervisor_cpu += parent_used
         states = [(t - submitted, s.get(task)) for t, s in timeline]
+        slots = [w for w in workloads if w["ti_id"] == str(ti_ids[task]).replace("-", "")]
+        slot_after = sum(w["end"] - max(submitted, w["end"] - w["duration"]) for w in slots)
         out[task] = {
+            "executor_slot_after_submit_s": round(slot_after, 3),
+            "supervised_workloads": [
+                {
+                    "final_state": w["final_state"],
+                    "duration_s": round(w["duration"], 3),
+                    "ended_after_submit_s": round(w["end"] - submitted, 2),
+                }
+                for w in slots
+            ],
             "operation_id": op,
             "processes": rows,
             "worker_wall_after_submit_s": round(wall, 3),
@@ -479,17 +515,40 @@ def _figures(
             resumed = [m["wall"] for m in sampler.marks if m["event"] == "complete_start"]
             if deferred_at is not None and resumed:
                 start, stop = submitted + deferred_at, min(resumed)
-                trig = sampler.triggerer_cpu(start, stop)
-                first = sampler.triggerer[0] if sampler.triggerer else (start, 0.0)
-                idle = sampler.triggerer_cpu(first[0] + 20, start)
+                trig, span = sampler.triggerer_cpu(start, stop)
                 out["triggerer"] = {
                     "deferral_s": round(stop - start, 1),
                     "cpu_during_deferral_s": round(trig, 2),
-                    "cpu_per_minute_during_deferral_s": round(trig / (stop - start) * 60, 2),
-                    "idle_cpu_per_minute_before_s": round(
-                        idle / max(start - first[0] - 20, 1e-9) * 60, 2
-                    ),
+                    "cpu_per_minute_during_deferral_s": round(trig / max(span, 1e-9) * 60, 2),
                 }
+    return out
+
+
+_FINISHED = re.compile(
+    r"^(\S+Z) .*Workload finished.*?duration=([0-9.]+).*?final_state=(\w+).*?workload_id=(\S+)"
+)
+
+
+def _supervised(log: Path) -> list[dict[str, Any]]:
+    """Airflow's own account of each supervised task run: its duration and end.
+
+    The LocalExecutor worker logs ``Workload finished`` with the wall time it spent
+    supervising one task run (fork to exit and clean-up): the time its slot was taken.
+    """
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        found = _FINISHED.search(line)
+        if found:
+            stamp, duration, state, ti_id = found.groups()
+            end = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            out.append(
+                {
+                    "end": end,
+                    "duration": float(duration),
+                    "final_state": state,
+                    "ti_id": ti_id.replace("-", ""),  # SQLite keeps UUIDs without dashes
+                }
+            )
     return out
 
 
@@ -511,6 +570,7 @@ def _print_table(figures: dict[str, Any]) -> None:
         ("worker_wall_after_submit_s", "task process wall (s)"),
         ("worker_cpu_after_submit_s", "task process CPU (s)"),
         ("supervisor_cpu_s", "supervising executor worker CPU (s)"),
+        ("executor_slot_after_submit_s", "executor slot taken, Airflow's account (s)"),
         ("success_after_job_end_s", "task success after the job ended (s)"),
     ):
         print(f"{label:<44}{d[key]:>12}{b[key]:>12}")
@@ -518,20 +578,23 @@ def _print_table(figures: dict[str, Any]) -> None:
         t = figures["triggerer"]
         print(
             f"triggerer: {t['cpu_during_deferral_s']} s CPU over a {t['deferral_s']} s deferral "
-            f"({t['cpu_per_minute_during_deferral_s']} s/min; idle before: "
-            f"{t['idle_cpu_per_minute_before_s']} s/min)"
+            f"({t['cpu_per_minute_during_deferral_s']} s/min; with no trigger afterwards: "
+            f"{t['idle_cpu_per_minute_after_s']} s/min)"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--job-seconds", type=float, default=180.0)
+    parser.add_argument(
+        "--idle-seconds", type=float, default=30.0, help="triggerer idle sampling afterwards"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-delivery-airflow-"))
     try:
-        figures = run(args.job_seconds, work)
+        figures = run(args.job_seconds, work, args.idle_seconds)
     finally:
         if not args.keep:
             subprocess.run(["rm", "-rf", str(work)], check=False)
