@@ -58,7 +58,11 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
         request_timeout_s: timeout of one GET.
 
     When the bounds are reached the trigger emits ``exhausted``: the operator looks at
-    the control plane itself and defers again while the job runs.
+    the control plane itself and defers again while the job runs. A locator this
+    triggerer cannot resolve (its ``url_env`` variable unset, its ``conn_id`` unknown
+    here) ends the run at once with ``locator_unresolved`` and one error line naming what
+    is missing; the operator then fails the task for an operator instead of deferring
+    into the same failure again.
     """
 
     def __init__(
