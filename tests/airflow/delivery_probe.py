@@ -5,8 +5,8 @@ trigger row (Airflow's serializer and encryption), run the rebuilt trigger once,
 report the event and which dpone modules were imported.
 
 ``operator WORKLOAD OP [WORKLOAD OP ...]``: per operation, call ``execute_complete`` of
-the real operator twice (as two duplicate events would) and report what it returned or
-how it deferred.
+the real operator three times (two duplicate events, then a ``locator_unresolved`` one)
+and report what it returned, how it deferred or how it failed.
 
 ``blocked WORKLOAD OP``: one ``execute_complete`` whose remote job failed; report the
 ``AirflowFailException`` message.
@@ -58,7 +58,7 @@ def _operator(pairs: list[str]) -> dict[str, Any]:
 
 
 def _calls(workload: str, op: str) -> dict[str, Any]:
-    from airflow.providers.common.compat.sdk import TaskDeferred
+    from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
 
     from dpone.airflow.delivery import DponeDeliveryOperator
 
@@ -66,9 +66,16 @@ def _calls(workload: str, op: str) -> dict[str, Any]:
         task_id="deliver", workload=workload, poll_interval_s=0.5, lease_s=2.0
     )
     out: list[Any] = []
-    for event in ({"operation_id": op, "status": "succeeded"}, {"status": "forged"}):
+    events = (
+        {"operation_id": op, "status": "succeeded"},
+        {"status": "forged"},
+        {"operation_id": op, "status": "locator_unresolved"},
+    )
+    for event in events:
         try:
             out.append({"returned": task.execute_complete({}, event, operation_id=op)})
+        except AirflowFailException as stop:
+            out.append({"failed": str(stop)})
         except TaskDeferred as deferred:
             classpath, kwargs = deferred.trigger.serialize()
             out.append(

@@ -137,6 +137,11 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
     for label, result in both(airflows, probe).items():
         early, late = result["ops"]
         op, locator = running[label]
+        # the triggerer could not resolve the locator and the job still runs: no
+        # deferral into the same failure, the task fails for an operator
+        unresolved = early["calls"].pop()["failed"]
+        assert unresolved.startswith("DPONE_CONFIG_INVALID: the triggerer cannot open"), result
+        assert "clear the task" in unresolved
         for call in early["calls"]:
             assert call.get("deferred") == "dpone.airflow.triggers.DponeReceiptTrigger", result
             assert call["method"] == "execute_complete"
@@ -147,9 +152,10 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
                 "lease_s", "request_timeout_s",
             }  # fmt: skip
         op, _ = done[label]
-        first, second = (call["returned"] for call in late["calls"])
+        first, second, third = (call["returned"] for call in late["calls"])
         assert (first["state"], first["replayed"]) == ("COMPLETE", False), result
         assert (second["state"], second["replayed"]) == ("COMPLETE", True), result
+        assert (third["state"], third["replayed"]) == ("COMPLETE", True), result  # hint ignored
         assert first["operation_id"] == second["operation_id"] == op
         assert promotions(tmp_path / label / "short", op) == 1
         assert promotions(tmp_path / label / "long", running[label][0]) == 0
