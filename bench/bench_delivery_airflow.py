@@ -326,7 +326,9 @@ def _prepare_airflow(work: Path) -> tuple[Airflow, Path]:
     return airflow, home
 
 
-def run(job_seconds: float, work: Path, idle_seconds: float) -> dict[str, Any]:
+def run(
+    job_seconds: float, work: Path, idle_seconds: float, extra_env: dict[str, str]
+) -> dict[str, Any]:
     import psycopg
 
     # one journal schema per task: two first uses of one fresh schema at the same moment
@@ -375,6 +377,7 @@ def run(job_seconds: float, work: Path, idle_seconds: float) -> dict[str, Any]:
                 AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
                 AIRFLOW__WORKERS__EXECUTION_API_RETRIES="10",
             )
+            env.update(extra_env)
             procs.append(
                 _start(
                     airflow, ["airflow", "api-server", "--port", str(port)], env, work / "api.log"
@@ -589,12 +592,21 @@ def main() -> None:
     parser.add_argument(
         "--idle-seconds", type=float, default=30.0, help="triggerer idle sampling afterwards"
     )
+    parser.add_argument(
+        "--airflow-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Airflow setting, e.g. AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=1",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-delivery-airflow-"))
     try:
-        figures = run(args.job_seconds, work, args.idle_seconds)
+        extra = dict(item.split("=", 1) for item in args.airflow_env)
+        figures = run(args.job_seconds, work, args.idle_seconds, extra)
+        figures["airflow_env"] = extra
     finally:
         if not args.keep:
             subprocess.run(["rm", "-rf", str(work)], check=False)
