@@ -2,9 +2,10 @@
 
 The environments live in ``$DPONE_AIRFLOW_VENVS`` (default ``<repo>/.airflow-venvs``) and
 are created once with ``uv`` when missing or when ``pyproject.toml`` changed (dpone is
-installed editable with the ``airflow`` extra). Each version gets one migrated metadata
-database per session; every test copies it into its own ``AIRFLOW_HOME``. Work for the
-two versions runs concurrently (:func:`both`): the machine has two cores.
+installed editable with the ``airflow`` and ``postgres`` extras). Each version gets one
+migrated metadata database per session; every test copies it into its own
+``AIRFLOW_HOME``. Work for the two versions runs concurrently (:func:`both`): the
+machine has two cores.
 
 Under ``CI=true`` nothing here skips: a missing ``uv`` or a failed install fails the run.
 """
@@ -31,6 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: version label -> exact Airflow release under test
 AIRFLOW_VERSIONS = {"3.3": "3.3.2", "2.11": "2.11.2"}
 COMPAT_PIN = "apache-airflow-providers-common-compat==1.23.0"
+#: dpone's extras in each environment: a PostgreSQL journal needs psycopg in the
+#: worker and in the triggerer (the delivery trigger's AsyncConnection)
+DPONE_EXTRAS = "airflow,postgres"
 JWT_SECRET = "dpone-tests-jwt-secret-not-a-real-one-0123456789"  # noqa: S105 - test-only key
 T = TypeVar("T")
 
@@ -65,7 +69,11 @@ def _unavailable(why: str) -> None:
 def _stamp(version: str) -> str:
     pyproject = (REPO / "pyproject.toml").read_bytes()
     return hashlib.sha256(
-        version.encode() + COMPAT_PIN.encode() + pyproject + str(REPO).encode()
+        version.encode()
+        + COMPAT_PIN.encode()
+        + DPONE_EXTRAS.encode()
+        + pyproject
+        + str(REPO).encode()
     ).hexdigest()
 
 
@@ -85,7 +93,7 @@ def _ensure_venv(version: str) -> Path:
             [*uv, "venv", "--quiet", "--clear", "--python", sys.executable, str(venv)],
             [
                 *uv, "pip", "install", "--quiet", "--python", str(python),
-                f"apache-airflow=={version}", COMPAT_PIN, "-e", f"{REPO}[airflow]",
+                f"apache-airflow=={version}", COMPAT_PIN, "-e", f"{REPO}[{DPONE_EXTRAS}]",
             ],
         ]  # fmt: skip
         for argv in steps:

@@ -5,11 +5,14 @@ trigger row (Airflow's serializer and encryption), run the rebuilt trigger once,
 report the event and which dpone modules were imported.
 
 ``operator WORKLOAD OP [WORKLOAD OP ...]``: per operation, call ``execute_complete`` of
-the real operator twice (as two duplicate events would) and report what it returned or
-how it deferred.
+the real operator three times (two duplicate events, then a ``locator_unresolved`` one)
+and report what it returned, how it deferred or how it failed.
 
 ``blocked WORKLOAD OP``: one ``execute_complete`` whose remote job failed; report the
 ``AirflowFailException`` message.
+
+``execute WORKLOAD``: one ``execute`` of a fresh task (a first try); report what it
+returned, how it deferred, or the ``AirflowFailException`` message.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def _operator(pairs: list[str]) -> dict[str, Any]:
 
 
 def _calls(workload: str, op: str) -> dict[str, Any]:
-    from airflow.providers.common.compat.sdk import TaskDeferred
+    from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
 
     from dpone.airflow.delivery import DponeDeliveryOperator
 
@@ -63,9 +66,16 @@ def _calls(workload: str, op: str) -> dict[str, Any]:
         task_id="deliver", workload=workload, poll_interval_s=0.5, lease_s=2.0
     )
     out: list[Any] = []
-    for event in ({"operation_id": op, "status": "succeeded"}, {"status": "forged"}):
+    events = (
+        {"operation_id": op, "status": "succeeded"},
+        {"status": "forged"},
+        {"operation_id": op, "status": "locator_unresolved"},
+    )
+    for event in events:
         try:
             out.append({"returned": task.execute_complete({}, event, operation_id=op)})
+        except AirflowFailException as stop:
+            out.append({"failed": str(stop)})
         except TaskDeferred as deferred:
             classpath, kwargs = deferred.trigger.serialize()
             out.append(
@@ -92,12 +102,34 @@ def _blocked(workload: str, op: str) -> dict[str, Any]:
     return {"returned": returned}
 
 
+def _execute(workload: str) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
+
+    from dpone.airflow.delivery import DponeDeliveryOperator
+
+    task = DponeDeliveryOperator(
+        task_id="deliver", workload=workload, interval="2026-11-01T00:00:00Z/2026-11-02T00:00:00Z"
+    )
+    ti = SimpleNamespace(dag_id="probe", task_id="deliver", map_index=-1, try_number=1)
+    context = {"ti": ti, "dag_run": SimpleNamespace(run_id="manual__probe")}
+    try:
+        return {"returned": task.execute(context)}
+    except AirflowFailException as stop:
+        return {"failed": str(stop)}
+    except TaskDeferred as deferred:
+        return {"deferred": deferred.trigger.serialize()[1]}
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "trigger":
         result = _trigger(sys.argv[2], json.loads(sys.argv[3]))
     elif mode == "blocked":
         result = _blocked(sys.argv[2], sys.argv[3])
+    elif mode == "execute":
+        result = _execute(sys.argv[2])
     else:
         result = _operator(sys.argv[2:])
     print("PROBE " + json.dumps(result, default=str))

@@ -22,7 +22,16 @@ from dpone.config.bootstrap import RunContext
 from dpone.contracts.delivery import DeliveryPending
 from tests.airflow.conftest import Airflow, both
 from tests.airflow.scenarios import metadata, task_states, xcoms
-from tests.airflow.test_delivery_trigger import INTERVAL, promotions, rest_workload
+from tests.airflow.test_delivery_trigger import (
+    CANARY,
+    INTERVAL,
+    _Conn,
+    _pg_delivery,
+    _schema_text,
+    _with_password,
+    promotions,
+    rest_workload,
+)
 from tests.airflow.test_scheduler import _free_port, _wait_for_api
 from tests.fixtures.receiver import RECEIVER_TOKEN
 from tests.integration.test_delivery import TOKEN_ENV
@@ -33,8 +42,8 @@ PROBE = Path(__file__).with_name("delivery_probe.py")
 FORBIDDEN = ("dpone.runtime", "dpone.adapters", "dpone.config", "dpone.api")
 
 
-def _probe(af: Airflow, home: Path, *args: str) -> dict[str, Any]:
-    env = af.env(home, home / "no-dags", **{TOKEN_ENV: RECEIVER_TOKEN})
+def _probe(af: Airflow, home: Path, *args: str, **extra_env: str) -> dict[str, Any]:
+    env = af.env(home, home / "no-dags", **{TOKEN_ENV: RECEIVER_TOKEN}, **extra_env)
     done = subprocess.run(
         [af.bin("python"), str(PROBE), *args],
         env=env,
@@ -49,6 +58,7 @@ def _probe(af: Airflow, home: Path, *args: str) -> dict[str, Any]:
     assert done.returncode == 0, why
     assert lines, why
     assert RECEIVER_TOKEN not in done.stdout + done.stderr
+    assert CANARY not in done.stdout + done.stderr
     result: dict[str, Any] = json.loads(lines[-1][len("PROBE ") :])
     return result
 
@@ -127,6 +137,11 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
     for label, result in both(airflows, probe).items():
         early, late = result["ops"]
         op, locator = running[label]
+        # the triggerer could not resolve the locator and the job still runs: no
+        # deferral into the same failure, the task fails for an operator
+        unresolved = early["calls"].pop()["failed"]
+        assert unresolved.startswith("DPONE_CONFIG_INVALID: the triggerer cannot open"), result
+        assert "clear the task" in unresolved
         for call in early["calls"]:
             assert call.get("deferred") == "dpone.airflow.triggers.DponeReceiptTrigger", result
             assert call["method"] == "execute_complete"
@@ -137,9 +152,10 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
                 "lease_s", "request_timeout_s",
             }  # fmt: skip
         op, _ = done[label]
-        first, second = (call["returned"] for call in late["calls"])
+        first, second, third = (call["returned"] for call in late["calls"])
         assert (first["state"], first["replayed"]) == ("COMPLETE", False), result
         assert (second["state"], second["replayed"]) == ("COMPLETE", True), result
+        assert (third["state"], third["replayed"]) == ("COMPLETE", True), result  # hint ignored
         assert first["operation_id"] == second["operation_id"] == op
         assert promotions(tmp_path / label / "short", op) == 1
         assert promotions(tmp_path / label / "long", running[label][0]) == 0
@@ -420,3 +436,77 @@ def test_a_failed_remote_job_fails_the_task_for_an_operator(
         assert f"dpone delivery status --operation-id {op}" in message
         assert "remaining retries are not used" in message
         assert promotions(tmp_path / label, op) == 0
+
+
+def test_a_password_carrying_journal_in_real_airflow(
+    airflows: dict[str, Airflow],
+    receiver,
+    pg_available: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The conn_id locator through Airflow's own connection lookup; the fail-fast refusal.
+
+    A PostgreSQL journal whose Airflow connection (``AIRFLOW_CONN_DPONE_JOURNAL``) carries
+    a canary password: the trigger gets only the connection id, rebuilt from its stored
+    row it looks the connection up through Airflow (``BaseHook.get_connection``) and wakes
+    on the finished job; the canary is nowhere in its kwargs, event or output. A workload
+    file with the password written in its ``journal:`` fails ``execute`` with
+    DPONE_CONFIG_INVALID before anything reaches the receiver.
+    """
+    from urllib.parse import urlsplit
+
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+    receiver.set_faults(job_duration_s=1.0)
+    parts = urlsplit(pg_available)
+    conn = _Conn(
+        conn_id="dpone_journal",
+        password=CANARY,
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        schema=parts.path.lstrip("/"),
+        login=parts.username or "postgres",
+    )
+    ops = {
+        label: _pg_delivery(
+            tmp_path / label,
+            receiver.url,
+            pg_schema,
+            {},
+            journal_conn_id=conn.conn_id,
+            lookup=lambda conn_id: conn if conn_id == conn.conn_id else None,
+        )
+        for label in airflows
+    }
+    refused = tmp_path / "refused"
+    workload = rest_workload(refused, receiver.url, name="orders_refused")
+    workload.write_text(
+        workload.read_text().replace(
+            f"journal: sqlite:///{refused / 'journal.db'}",
+            f"journal: {_with_password(pg_available, CANARY)}",
+        )
+    )
+    jobs_before = receiver.stats()["jobs_total"]
+
+    def run(af: Airflow) -> tuple[dict[str, Any], dict[str, Any]]:
+        op, locator = ops[af.label]
+        home = af.home(tmp_path / af.label)
+        uri = _with_password(pg_available, CANARY)
+        woken = _probe(af, home, "trigger", op, json.dumps(locator), AIRFLOW_CONN_DPONE_JOURNAL=uri)
+        return woken, _probe(af, home, "execute", str(workload))
+
+    for label, (woken, stopped) in both(airflows, run).items():
+        op, locator = ops[label]
+        assert locator == {"kind": "postgresql", "conn_id": "dpone_journal", "schema": pg_schema}
+        assert woken["kwargs"]["journal"] == locator
+        assert woken["event"] == {
+            "operation_id": op,
+            "status": "succeeded",
+            "polls": woken["event"]["polls"],
+        }, (label, woken)
+        assert stopped.get("failed", "").startswith("DPONE_CONFIG_INVALID"), (label, stopped)
+        assert "journal_conn_id" in stopped["failed"]
+        assert CANARY not in json.dumps([woken, stopped])
+    assert receiver.stats()["jobs_total"] == jobs_before  # the refused task submitted nothing
+    assert CANARY not in _schema_text(pg_available, pg_schema)

@@ -13,13 +13,23 @@ import json
 import logging
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from dpone.airflow._observe import HINTS, ObservationBounds, journal_locator, observe_once_woken
-from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
+from dpone.airflow._conn_url import connection_url
+from dpone.airflow._observe import (
+    HINTS,
+    ObservationBounds,
+    conn_locator,
+    env_locator,
+    journal_locator,
+    observe_once_woken,
+)
+from dpone.airflow.delivery_runtime import open_delivery_runtime, prepare_delivery, trigger_locator
 from dpone.config.bootstrap import RunContext
 from dpone.contracts.delivery import DeliveryCompleted, DeliveryPending, DeliveryState
 from dpone.errors import ConfigInvalid
@@ -27,6 +37,8 @@ from tests.fixtures.receiver import RECEIVER_TOKEN
 from tests.integration.test_delivery import TOKEN_ENV, _payload, _processor, _request
 
 INTERVAL = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
+#: a journal password that must appear in no trigger argument, event, log or row
+CANARY = "canary-pw-7d1e0b5a"
 FAST = ObservationBounds(poll_interval_s=0.1, max_polls=200, lease_s=2.0, request_timeout_s=1.0)
 
 
@@ -315,3 +327,223 @@ def test_an_unreachable_control_plane_costs_rounds_not_a_crash(tmp_path: Path) -
     assert not (tmp_path / "not-there.db").exists()  # never created by the trigger
     down = {"kind": "postgresql", "url": "postgresql://nobody@127.0.0.1:1/none", "schema": "s"}
     assert asyncio.run(observe_once_woken("op", down, bounds))["status"] == "exhausted"
+
+
+# ---------------------------------------------------------------- a journal with a password
+def _with_password(dsn: str, password: str) -> str:
+    parts = urlsplit(dsn)
+    netloc = f"{parts.username}:{password}@{parts.hostname}" + (
+        f":{parts.port}" if parts.port else ""
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclass
+class _Conn:
+    """The fields of an Airflow ``Connection`` (no Airflow in this environment)."""
+
+    conn_id: str
+    password: str
+    conn_type: str = "postgres"
+    host: str = "127.0.0.1"
+    schema: str = "test"
+    login: str = "postgres"
+    port: int = 5432
+
+    def get_uri(self) -> str:  # pragma: no cover - postgres connections never use it
+        raise AssertionError("not used for postgres")
+
+
+def _workload(folder: Path, **journal: str | None) -> Any:
+    from dpone.config.workload import load_workload
+
+    loaded = load_workload(rest_workload(folder, "http://127.0.0.1:9"))
+    return loaded.model_copy(update={"journal": None, **journal})
+
+
+def test_locators_name_where_a_journal_password_is_never_its_value(tmp_path: Path) -> None:
+    """A password-carrying PostgreSQL journal reaches the trigger as a name, or is refused."""
+    from dpone.airflow.delivery_runtime import workload_locator
+
+    secret = "postgresql://u:" + CANARY + "@db.internal:5432/prod"
+    plain = "postgresql://u@db.internal:5432/prod"
+    via_conn = "DPONE_AIRFLOW_JOURNAL_URL"  # where apply_connections puts the resolved URL
+    cases: list[tuple[dict[str, Any], dict[str, str], str | None, dict[str, str]]] = [
+        ({"journal": plain}, {}, None, {"url": plain}),
+        ({"journal_env": "PROD_J"}, {"PROD_J": secret}, None, {"url_env": "PROD_J"}),
+        ({}, {"DPONE_JOURNAL": secret}, None, {"url_env": "DPONE_JOURNAL"}),
+        ({}, {"DPONE_JOURNAL": plain + "?sslmode=require"}, None, {"url_env": "DPONE_JOURNAL"}),
+        ({"journal_env": via_conn}, {via_conn: secret}, "jrn", {"conn_id": "jrn"}),
+        ({"journal_env": "X"}, {"X": plain}, "jrn", {"url": plain}),  # nothing to hide
+    ]
+    for journal, env, conn_id, expected in cases:
+        workload = _workload(tmp_path, **journal).model_copy(update={"journal_schema": "ops"})
+        locator = workload_locator(workload, env, journal_conn_id=conn_id)
+        assert locator == {"kind": "postgresql", **expected, "schema": "ops"}, journal
+        assert CANARY not in json.dumps(locator)
+    sqlite = workload_locator(_workload(tmp_path, journal="sqlite:///j.db"), {})
+    assert sqlite == {"kind": "sqlite", "path": str(tmp_path / "j.db")}
+
+    with pytest.raises(ConfigInvalid) as caught:
+        workload_locator(_workload(tmp_path, journal=secret), {})
+    error = caught.value
+    assert (error.code.value, error.field) == ("DPONE_CONFIG_INVALID", "journal")
+    assert "password" in error.message
+    assert "journal_env" in (error.hint or "")
+    assert "journal_conn_id" in (error.hint or "")
+    assert CANARY not in repr(error.attrs()) + str(error)
+    with pytest.raises(ConfigInvalid):
+        env_locator("not a name")
+    with pytest.raises(ConfigInvalid):
+        conn_locator("bad id!")
+
+
+def test_a_password_in_the_workload_file_fails_before_anything_is_submitted(
+    receiver, tmp_path: Path
+) -> None:
+    """prepare_delivery (what the operator calls first) refuses before opening anything."""
+    folder = tmp_path / "w"
+    path = rest_workload(folder, receiver.url)
+    path.write_text(
+        path.read_text().replace(
+            f"journal: sqlite:///{folder / 'journal.db'}",
+            "journal: postgresql://postgres:" + CANARY + "@127.0.0.1:5432/test",
+        )
+    )
+    before = receiver.stats()["jobs_total"]
+    with pytest.raises(ConfigInvalid) as caught:
+        prepare_delivery(str(path), {})
+    assert caught.value.field == "journal"
+    assert receiver.stats()["jobs_total"] == before
+    assert CANARY not in str(caught.value)
+
+
+def _pg_delivery(
+    folder: Path, receiver_url: str, pg_schema: str, env: dict[str, str], **options: Any
+) -> tuple[str, dict[str, str]]:
+    """Submit a delivery whose journal is the shared PostgreSQL; (operation id, locator)."""
+    path = rest_workload(folder, receiver_url)
+    text = path.read_text().replace(f"journal: sqlite:///{folder / 'journal.db'}\n", "")
+    path.write_text(text + f"journal_schema: {pg_schema}\n" + options.pop("extra", ""))
+    prepared = prepare_delivery(str(path), env, **options)
+    try:
+        result = prepared.runtime.deliver(
+            interval=INTERVAL, partition=_unique(folder), context=RunContext(), provenance=None
+        )
+    finally:
+        prepared.runtime.close()
+    assert isinstance(result, DeliveryPending), result
+    return result.operation_id, prepared.locator
+
+
+def _schema_text(dsn: str, schema: str) -> str:
+    """Every row of every table in ``schema``, as text (to look for a leaked secret)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            ).fetchall()
+        ]
+        assert "dpone_delivery_observer_leases" in tables, tables
+        return "\n".join(
+            str(row)
+            for table in tables
+            for row in conn.execute(f'SELECT t::text FROM "{schema}"."{table}" t').fetchall()
+        )
+
+
+def test_a_url_env_locator_keeps_the_journal_password_out_of_the_trigger(
+    receiver,
+    pg_available: str,
+    pg_schema: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PostgreSQL journal given by journal_env with a (canary) password; trust auth accepts it.
+
+    The trigger gets the variable's name, reads its own environment, polls under the lease
+    and wakes the task; the canary is in no locator, hint, log line or control-plane row.
+    Without the variable the watch ends at once with ``locator_unresolved`` and a log
+    line naming it.
+    """
+    caplog.set_level(logging.DEBUG)
+    receiver.set_faults(job_duration_s=1.0)
+    secret_url = _with_password(pg_available, CANARY)
+    env = {"DPONE_TEST_JOURNAL": secret_url, TOKEN_ENV: RECEIVER_TOKEN}
+    op, locator = _pg_delivery(
+        tmp_path, receiver.url, pg_schema, env, extra="journal_env: DPONE_TEST_JOURNAL\n"
+    )
+    assert locator == {"kind": "postgresql", "url_env": "DPONE_TEST_JOURNAL", "schema": pg_schema}
+
+    monkeypatch.delenv("DPONE_TEST_JOURNAL", raising=False)
+    missing = asyncio.run(observe_once_woken(op, locator, FAST))
+    assert missing == {"operation_id": op, "status": "locator_unresolved", "polls": 0}
+    assert "DPONE_TEST_JOURNAL" in caplog.text
+    assert "not set in the triggerer" in caplog.text
+
+    monkeypatch.setenv("DPONE_TEST_JOURNAL", secret_url)
+    hint = asyncio.run(observe_once_woken(op, locator, FAST))
+    assert hint["status"] == "succeeded", hint
+    assert int(hint["polls"]) >= 1
+
+    prepared = prepare_delivery(str(tmp_path / "orders_rest.yaml"), env)
+    try:
+        done = prepared.runtime.resume_delivery(op)
+    finally:
+        prepared.runtime.close()
+    assert isinstance(done, DeliveryCompleted)
+    assert receiver.jobs_created(op) == 1
+    seen = (
+        json.dumps([locator, missing, hint]) + caplog.text + _schema_text(pg_available, pg_schema)
+    )
+    assert CANARY not in seen
+
+
+def test_a_conn_id_locator_resolves_the_connection_in_the_triggerer(
+    receiver, pg_available: str, pg_schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """journal_conn_id: the worker resolves the connection, the trigger gets only its id.
+
+    The trigger's connection lookup (Airflow's in the triggerer; here the same
+    ``connection_url`` over a stand-in connection) builds the URL with the password.
+    """
+    caplog.set_level(logging.DEBUG)
+    receiver.set_faults(job_duration_s=1.0)
+    parts = urlsplit(pg_available)
+    conn = _Conn(
+        conn_id="dpone_journal",
+        password=CANARY,
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        schema=parts.path.lstrip("/"),
+        login=parts.username or "postgres",
+    )
+    op, locator = _pg_delivery(
+        tmp_path,
+        receiver.url,
+        pg_schema,
+        {},
+        journal_conn_id=conn.conn_id,
+        lookup=lambda conn_id: conn if conn_id == conn.conn_id else None,
+    )
+    assert locator == {"kind": "postgresql", "conn_id": "dpone_journal", "schema": pg_schema}
+
+    async def lookup(conn_id: str) -> str | None:
+        return connection_url(conn) if conn_id == conn.conn_id else None
+
+    async def unknown(conn_id: str) -> str | None:
+        del conn_id
+        return None
+
+    gone = asyncio.run(observe_once_woken(op, locator, FAST, connection_url=unknown))
+    assert gone["status"] == "locator_unresolved"
+    assert "'dpone_journal'" in caplog.text
+    hint = asyncio.run(observe_once_woken(op, locator, FAST, connection_url=lookup))
+    assert hint["status"] == "succeeded", hint
+    assert CANARY not in json.dumps([locator, gone, hint]) + caplog.text
+    assert CANARY not in _schema_text(pg_available, pg_schema)

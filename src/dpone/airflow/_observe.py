@@ -7,6 +7,9 @@ adapters, composition or API: the triggerer stays light, and the trigger cannot 
 advance a delivery or promote a checkpoint even by mistake.
 
 What it may do:
+- resolve its locator: a plain URL, an environment variable of the triggerer
+  (``url_env``) or an Airflow connection (``conn_id``, looked up by the caller-supplied
+  ``connection_url``), so a journal password never enters the trigger's arguments;
 - read one delivery's row of the control plane (state, receipt, receiver URL, credential
   reference);
 - take, renew and note results in the delivery's *observation lease* (its own table,
@@ -27,6 +30,7 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 from dpone.errors import ConfigInvalid
 
-__all__ = ["HINTS", "ObservationBounds", "journal_locator", "observe_once_woken"]
+__all__ = [
+    "HINTS",
+    "ConnectionUrl",
+    "LocatorUnresolved",
+    "ObservationBounds",
+    "carries_secret",
+    "conn_locator",
+    "env_locator",
+    "journal_locator",
+    "observe_once_woken",
+]
 
 _log = logging.getLogger("dpone.airflow.trigger")
 
@@ -45,6 +59,10 @@ _REMOTE_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 _RECEIPT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _CRED_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+_CONN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")
+#: the triggerer's lookup of an Airflow connection's URL (None: not defined there)
+ConnectionUrl = Callable[[str], Awaitable[str | None]]
 #: every status a hint can carry
 HINTS = frozenset(
     {
@@ -55,8 +73,50 @@ HINTS = frozenset(
         "not_pending",  # the control plane no longer waits for an observation
         "missing",  # no delivery row under this operation id
         "exhausted",  # polling bounds reached: wake up and decide again
+        "locator_unresolved",  # the triggerer lacks the journal's variable or connection
     }
 )
+
+
+class LocatorUnresolved(ConfigInvalid):
+    """The triggerer cannot turn the locator into a URL (variable unset, connection unknown).
+
+    Not transient: the triggerer's environment will not change while it runs. The watch
+    ends with the ``locator_unresolved`` hint and one clear log line (never a crash loop);
+    the message names the variable or connection, never a value.
+    """
+
+
+def carries_secret(journal_url: str) -> bool:
+    """Whether a PostgreSQL URL has a password, query or fragment (kept out of triggers)."""
+    parts = urlsplit(journal_url)
+    return parts.password is not None or bool(parts.query) or bool(parts.fragment)
+
+
+def _checked_schema(schema: str) -> str:
+    if not _SCHEMA_RE.match(schema):
+        raise ConfigInvalid("the journal schema is not a plain identifier", field="schema")
+    return schema
+
+
+def env_locator(name: str, *, schema: str = "dpone") -> dict[str, str]:
+    """The locator of a PostgreSQL journal whose URL is in the triggerer's variable ``name``.
+
+    Only the variable's name is handed to the trigger; the triggerer reads its value.
+    """
+    if not _ENV_NAME_RE.match(name):
+        raise ConfigInvalid(f"{name!r} is not an environment variable name", field="journal_env")
+    return {"kind": "postgresql", "url_env": name, "schema": _checked_schema(schema)}
+
+
+def conn_locator(conn_id: str, *, schema: str = "dpone") -> dict[str, str]:
+    """The locator of a PostgreSQL journal given by the Airflow connection ``conn_id``.
+
+    The triggerer looks the connection up itself and builds the URL as the worker does.
+    """
+    if not _CONN_ID_RE.match(conn_id):
+        raise ConfigInvalid(f"{conn_id!r} is not an Airflow connection id", field="journal_conn_id")
+    return {"kind": "postgresql", "conn_id": conn_id, "schema": _checked_schema(schema)}
 
 
 def journal_locator(journal_url: str, *, schema: str = "dpone") -> dict[str, str]:
@@ -68,8 +128,9 @@ def journal_locator(journal_url: str, *, schema: str = "dpone") -> dict[str, str
 
     Raises:
         ConfigInvalid: another scheme, a relative SQLite path, or a PostgreSQL URL carrying a
-            password or query (a secret must not enter trigger arguments; let libpq find
-            it in the triggerer: ``PGPASSWORD``, ``~/.pgpass`` or ``PGPASSFILE``).
+            password or query (a secret must not enter trigger arguments: use
+            :func:`env_locator` / :func:`conn_locator`, or let libpq find the password in
+            the triggerer: ``PGPASSWORD``, ``~/.pgpass`` or ``PGPASSFILE``).
 
     """
     if journal_url.startswith("sqlite:"):
@@ -81,18 +142,17 @@ def journal_locator(journal_url: str, *, schema: str = "dpone") -> dict[str, str
         return {"kind": "sqlite", "path": str(Path(path))}
     parts = urlsplit(journal_url)
     if parts.scheme in ("postgresql", "postgres"):
-        if parts.password is not None or parts.query or parts.fragment:
+        if carries_secret(journal_url):
             raise ConfigInvalid(
                 "the journal URL handed to the trigger may not carry a password or query",
                 field="journal",
-                hint="give the triggerer the password through PGPASSWORD, ~/.pgpass or "
+                hint="name the URL with journal_env (or DPONE_JOURNAL), or give the operator "
+                "journal_conn_id, so the trigger gets only the variable's or connection's "
+                "name; or give the triggerer the password through PGPASSWORD, ~/.pgpass or "
                 "PGPASSFILE and drop it from the URL",
             )
-        if not _SCHEMA_RE.match(schema):
-            raise ConfigInvalid("the journal schema is not a plain identifier", field="schema")
-        netloc = parts.netloc
-        url = urlunsplit(("postgresql", netloc, parts.path, "", ""))
-        return {"kind": "postgresql", "url": url, "schema": schema}
+        url = urlunsplit(("postgresql", parts.netloc, parts.path, "", ""))
+        return {"kind": "postgresql", "url": url, "schema": _checked_schema(schema)}
     raise ConfigInvalid(
         "the trigger reads a sqlite:/// or postgresql:// control plane only", field="journal"
     )
@@ -222,7 +282,51 @@ class _ControlPlane:
         await self._conn.close()
 
 
-async def _open(locator: dict[str, Any]) -> _ControlPlane:
+async def _postgres_url(locator: dict[str, Any], connection_url: ConnectionUrl | None) -> str:
+    """The URL of a PostgreSQL locator, resolved in this process (never logged).
+
+    Raises:
+        LocatorUnresolved: the variable is unset, the connection is not defined here, or
+            what they hold is not a PostgreSQL URL.
+        Exception: whatever a connection lookup raises otherwise (maybe transient).
+
+    """
+    if "url_env" in locator:
+        name = str(locator["url_env"])
+        where = f"the environment variable {name}"
+        value = os.environ.get(name, "").strip()
+        if not value:
+            raise LocatorUnresolved(
+                f"the journal locator names the environment variable {name}, which is not "
+                "set in the triggerer",
+                field="journal_env",
+                hint=f"set {name} in the triggerer's environment to the journal URL the "
+                "workers use, restart the triggerer, then clear the task",
+            )
+    elif "conn_id" in locator:
+        conn_id = str(locator["conn_id"])
+        where = f"the Airflow connection {conn_id!r}"
+        found = None if connection_url is None else await connection_url(conn_id)
+        if not found:
+            raise LocatorUnresolved(
+                f"the journal locator names the Airflow connection {conn_id!r}, which the "
+                "triggerer cannot read",
+                field="journal_conn_id",
+                hint=f"define the connection {conn_id!r} where the triggerer can read it "
+                "(metadata database, secrets backend or AIRFLOW_CONN_ variable), then clear "
+                "the task",
+            )
+        value = found
+    else:
+        return str(locator.get("url") or "")
+    if urlsplit(value).scheme not in ("postgresql", "postgres"):
+        raise LocatorUnresolved(
+            f"{where} does not hold a postgresql:// URL in the triggerer", field="journal"
+        )
+    return value
+
+
+async def _open(locator: dict[str, Any], connection_url: ConnectionUrl | None) -> _ControlPlane:
     kind = locator.get("kind")
     if kind == "sqlite":
         import aiosqlite
@@ -246,9 +350,8 @@ async def _open(locator: dict[str, Any]) -> _ControlPlane:
         schema = str(locator.get("schema") or "dpone")
         if not _SCHEMA_RE.match(schema):
             raise ConfigInvalid("the trigger's journal schema is not a plain identifier")
-        pg = await psycopg.AsyncConnection.connect(
-            str(locator.get("url") or ""), autocommit=True, connect_timeout=10
-        )
+        url = await _postgres_url(locator, connection_url)
+        pg = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10)
         return _ControlPlane(
             pg,
             placeholder="%s",
@@ -307,7 +410,11 @@ def _hint(operation_id: str, status: str, polls: int) -> dict[str, object]:
 
 
 async def observe_once_woken(
-    operation_id: str, journal: dict[str, Any], bounds: ObservationBounds
+    operation_id: str,
+    journal: dict[str, Any],
+    bounds: ObservationBounds,
+    *,
+    connection_url: ConnectionUrl | None = None,
 ) -> dict[str, object]:
     """Watch one delivery until there is something for the operator to decide; return the hint.
 
@@ -316,7 +423,12 @@ async def observe_once_woken(
     the lease; a trigger without it only rereads the lease, ends when the holder noted a
     terminal status, and takes over once the lease expires. Errors of one round (the
     receiver or the database not answering) count as a round; the bounds end the watch
-    with ``exhausted``, never an exception loop.
+    with ``exhausted``, never an exception loop. A locator the triggerer cannot resolve
+    (its variable unset, its connection unknown here) ends the watch at once with
+    ``locator_unresolved`` and one error log line naming what is missing.
+
+    ``connection_url`` resolves a ``conn_id`` locator (the trigger passes Airflow's
+    connection lookup); it returns None for a connection that is not defined.
 
     Raises:
         ConfigInvalid: the locator or a bound is malformed, or the control plane is older
@@ -341,7 +453,13 @@ async def observe_once_woken(
                 if bounds.deadline is not None and time.time() >= bounds.deadline:
                     break
                 if db is None:
-                    db = await _connect(journal)
+                    try:
+                        db = await _connect(journal, connection_url)
+                    except LocatorUnresolved as unresolved:
+                        _log.error(
+                            "dpone trigger: %s. Fix: %s.", unresolved.message, unresolved.hint
+                        )
+                        return _hint(operation_id, "locator_unresolved", polls)
                 if db is not None:
                     status, polled = await _round_status(db, client, operation_id, holder, bounds)
                     polls += polled
@@ -360,15 +478,18 @@ async def observe_once_woken(
     return _hint(operation_id, "exhausted", polls)
 
 
-async def _connect(journal: dict[str, Any]) -> _ControlPlane | None:
+async def _connect(
+    journal: dict[str, Any], connection_url: ConnectionUrl | None
+) -> _ControlPlane | None:
     """Open the control plane, or None (one round lost) when it does not answer now.
 
     Raises:
-        ConfigInvalid: the locator is malformed or the control plane predates the lease.
+        ConfigInvalid: the locator is malformed or the control plane predates the lease
+            (:class:`LocatorUnresolved`: the triggerer cannot resolve the locator).
 
     """
     try:
-        db = await _open(journal)
+        db = await _open(journal, connection_url)
     except ConfigInvalid:
         raise
     except Exception as exc:  # noqa: BLE001 - a database down now is a lost round

@@ -26,6 +26,17 @@ if TYPE_CHECKING:
 __all__ = ["DponeDeliveryOperator", "delivery_summary"]
 
 _log = logging.getLogger("dpone.airflow")
+#: the trigger's hint for a locator it cannot resolve (dpone.airflow._observe.HINTS)
+UNRESOLVED = "locator_unresolved"
+
+
+def _describe(locator: dict[str, str]) -> str:
+    """Which variable or connection a locator names (its values are names, not secrets)."""
+    if "url_env" in locator:
+        return f"environment variable {locator['url_env']}"
+    if "conn_id" in locator:
+        return f"Airflow connection {locator['conn_id']!r}"
+    return "journal " + (locator.get("path") or locator.get("url") or "?")
 
 
 def delivery_summary(result: Any) -> dict[str, object]:
@@ -46,6 +57,9 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         workload: path of the workload file (``target.kind: rest``), as the worker sees it.
         interval: ``START/END``; default: the DAG run's data interval.
         partition: the mapped partition identity (default: the map index when mapped).
+        journal_conn_id: an Airflow connection to use as the journal (resolved in the
+            worker; a PostgreSQL journal with a password reaches the trigger as the
+            connection id only, and the triggerer looks the connection up itself).
         poll_budget_s: how long ``execute`` keeps observing before deferring (0: defer at
             once once the job is accepted).
         poll_interval_s, max_polls, max_wait_s, lease_s: the trigger's bounds (seconds
@@ -55,9 +69,15 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
     Returns (XCom ``return_value``): ``operation_id``, ``state``, ``receipt``, ``rows`` and
     ``replayed``.
 
+    The trigger's locator of the control plane is computed before anything is submitted:
+    a journal URL with a password written in the workload file fails the task with
+    DPONE_CONFIG_INVALID at once (use ``journal_env``, ``DPONE_JOURNAL`` or
+    ``journal_conn_id``; the trigger then gets the variable's or connection's name).
+
     Raises:
         AirflowFailException: the delivery is blocked for an operator (the message names
-            the reason and the read-only command to run), or a non-retryable dpone error.
+            the reason and the read-only command to run), a non-retryable dpone error, or
+            the triggerer cannot resolve the journal locator.
         DponeError: a retryable family (receiver or control plane unavailable now).
 
     """
@@ -71,6 +91,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         workload: str | os.PathLike[str],
         interval: str | None = None,
         partition: str | None = None,
+        journal_conn_id: str | None = None,
         poll_budget_s: float = 0.0,
         poll_interval_s: float = 10.0,
         max_polls: int = 360,
@@ -82,6 +103,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         self.workload = os.fspath(workload) if isinstance(workload, os.PathLike) else workload
         self.interval = interval
         self.partition = partition
+        self.journal_conn_id = journal_conn_id
         self.poll_budget_s = float(poll_budget_s)
         self.poll_interval_s = float(poll_interval_s)
         self.max_polls = int(max_polls)
@@ -139,22 +161,30 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         def call(runtime: Any) -> Any:
             return runtime.resume_delivery(operation_id, poll_budget_s=0.0)
 
-        return self._decide(call, task=None)
+        return self._decide(call, task=None, unresolved=hint.get("status") == UNRESOLVED)
 
     # ------------------------------------------------------------------ decisions
-    def _decide(self, call: Any, *, task: TaskIdentity | None) -> dict[str, object]:
-        from dpone.airflow.delivery_runtime import open_delivery_runtime, trigger_locator
+    def _decide(
+        self, call: Any, *, task: TaskIdentity | None, unresolved: bool = False
+    ) -> dict[str, object]:
+        from dpone.airflow.delivery_runtime import prepare_delivery
+        from dpone.airflow.operators import _connection
         from dpone.airflow.outcome import failure
-        from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted, DeliveryPending
+        from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted
         from dpone.errors import DponeError
 
         runtime = None
-        locator: dict[str, str] = {}
         try:
-            runtime = open_delivery_runtime(str(self.workload), os.environ)
+            # the locator first: a journal the trigger cannot be told about fails here,
+            # before anything is submitted
+            prepared = prepare_delivery(
+                str(self.workload),
+                os.environ,
+                journal_conn_id=self.journal_conn_id,
+                lookup=_connection,
+            )
+            runtime, locator = prepared.runtime, prepared.locator
             result = call(runtime)
-            if isinstance(result, DeliveryPending):
-                locator = trigger_locator(runtime, os.environ)
         except DponeError as error:
             stop = failure(error, workload=str(self.workload))
             if stop is not None:
@@ -183,6 +213,16 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
                 f"{result.operation_id} is in state {result.state.value}. Retrying would not "
                 f"help, so the remaining retries are not used. Run `{result.recovery_ref}` "
                 "to see the evidence."
+            )
+            self.log.error("%s", message)
+            raise AirflowFailException(message)
+        if unresolved:
+            # deferring again would wake at once again: stop for an operator instead
+            message = (
+                f"DPONE_CONFIG_INVALID: the triggerer cannot open the journal of delivery "
+                f"{result.operation_id} (locator {_describe(locator)}); its log says what is "
+                "missing. The delivery stays as it is at the receiver. Fix: make that "
+                "available to the triggerer, then clear the task."
             )
             self.log.error("%s", message)
             raise AirflowFailException(message)

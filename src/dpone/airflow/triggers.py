@@ -11,6 +11,7 @@ payload or response body.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,13 +22,33 @@ from dpone.airflow._observe import ObservationBounds, observe_once_woken
 __all__ = ["DponeReceiptTrigger"]
 
 
+async def _airflow_connection_url(conn_id: str) -> str | None:
+    """The dpone URL of Airflow connection ``conn_id`` as the triggerer sees it, or None.
+
+    Airflow's lookup is synchronous (a secrets backend, the metadata database or, in 3.x,
+    the triggerer's supervisor), so it runs in a thread, off the event loop every trigger
+    of this triggerer shares. The URL is built as the worker builds it
+    (:func:`dpone.airflow._conn_url.connection_url`) and stays in this process's memory.
+    """
+    from dpone.airflow._conn_url import connection_url
+    from dpone.airflow.compat import AirflowNotFoundException, BaseHook
+
+    try:
+        conn = await asyncio.to_thread(BaseHook.get_connection, conn_id)
+    except AirflowNotFoundException:
+        return None
+    return connection_url(conn)
+
+
 class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without Airflow
     """Watch one delivery's remote job; emit ``{"operation_id", "status", "polls"}`` once.
 
     Args:
         operation_id: the delivery's operation id.
-        journal: the control plane's locator, ``{"kind": "sqlite", "path": ...}`` or
-            ``{"kind": "postgresql", "url": ..., "schema": ...}`` (no password).
+        journal: the control plane's locator, never a secret: ``{"kind": "sqlite",
+            "path": ...}``, or ``{"kind": "postgresql", "schema": ...}`` with one of
+            ``"url"`` (no password), ``"url_env"`` (a variable of the triggerer holding
+            the URL) or ``"conn_id"`` (an Airflow connection the triggerer looks up).
         poll_interval_s: seconds between rounds.
         max_polls: rounds of this run at most (GETs by the lease holder, control-plane
             looks by a watcher); a triggerer restart starts the count again.
@@ -37,7 +58,11 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
         request_timeout_s: timeout of one GET.
 
     When the bounds are reached the trigger emits ``exhausted``: the operator looks at
-    the control plane itself and defers again while the job runs.
+    the control plane itself and defers again while the job runs. A locator this
+    triggerer cannot resolve (its ``url_env`` variable unset, its ``conn_id`` unknown
+    here) ends the run at once with ``locator_unresolved`` and one error line naming what
+    is missing; the operator then fails the task for an operator instead of deferring
+    into the same failure again.
     """
 
     def __init__(
@@ -86,6 +111,7 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
                 lease_s=self.lease_s,
                 request_timeout_s=self.request_timeout_s,
             ),
+            connection_url=_airflow_connection_url,
         )
         self.log.info(
             "dpone delivery %s: %s after %s poll(s)",
