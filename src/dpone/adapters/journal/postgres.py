@@ -909,24 +909,14 @@ class PostgresCommitJournal:
         before that returns the entry to COMMITTING, which the next run completes after
         observing the committed fence, writing nothing.
         """
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
-            atomic=False,
-            audited=False,
-        )
-        query, params = self._cas_statement(
+        query, params = self._complete_statement(
             operation_id=operation_id,
             expected_version=expected_version,
             expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
             lease_epoch=lease_epoch,
             actor=actor,
             evidence=evidence,
             result=result,
-            audit=None,
-            release_lease=True,
         )
         # Never repeated (as compare_and_set); the asynchronous-commit sessions are the
         # run ledger's (``_ready_ledger_pool``)
@@ -1012,24 +1002,14 @@ class PostgresCommitJournal:
         result: Mapping[str, object] | None = None,
     ) -> JournalEntry:
         """CAS to COMPLETE and promote the checkpoint in one transaction."""
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
-            atomic=False,
-            audited=False,
-        )
-        query, params = self._cas_statement(
+        query, params = self._complete_statement(
             operation_id=operation_id,
             expected_version=expected_version,
             expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
             lease_epoch=lease_epoch,
             actor=actor,
             evidence=evidence,
             result=result,
-            audit=None,
-            release_lease=True,
         )
         dialect = self._checkpoints()
 
@@ -1144,12 +1124,10 @@ class PostgresCommitJournal:
 
         def write(conn: _Conn) -> bool:
             with conn.transaction(), conn.cursor() as cur:
-                if _checkpoint_sql.interval_recorded(cur, dialect, checkpoint, at=_pg_now(cur)):
-                    return False
-                _checkpoint_sql.promote(
+                # now() is the transaction's start: one read serves both writes
+                return _checkpoint_sql.promote_unrecorded(
                     cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
                 )
-                return True
 
         return self._run("promote a delivery's checkpoint", write, repeatable=True)
 
@@ -1579,6 +1557,42 @@ class PostgresCommitJournal:
             attestation=audit.attestation,
         )
         return self._sql.cas_audited, params
+
+    def _complete_statement(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        evidence: Mapping[str, object] | None,
+        result: Mapping[str, object] | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """Check the move and return the CAS to COMPLETE that also ends the lease.
+
+        The statement ``complete_proven`` and ``complete_with_checkpoint`` share: a
+        non-atomic, unaudited move to COMPLETE with ``release_lease``.
+        """
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            atomic=False,
+            audited=False,
+        )
+        return self._cas_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            audit=None,
+            release_lease=True,
+        )
 
     def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
         """Refuse a target transaction that is not open or not in this journal's database."""
