@@ -864,13 +864,6 @@ class PostgresCommitJournal:
 
         ``release_lease`` also lets the caller's lease expire now, in the same write.
         """
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=next_state,
-            atomic=False,
-            audited=audit is not None,
-        )
         query, params = self._cas_statement(
             operation_id=operation_id,
             expected_version=expected_version,
@@ -882,6 +875,7 @@ class PostgresCommitJournal:
             result=result,
             audit=audit,
             release_lease=release_lease,
+            atomic=False,
         )
         # Never repeated: a CAS whose commit was lost in transit must not be sent again.
         return self._run(
@@ -956,13 +950,6 @@ class PostgresCommitJournal:
         """
         if not isinstance(txn, psycopg.Connection):
             raise TypeError("txn must be the target's psycopg.Connection")
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=next_state,
-            atomic=True,
-            audited=False,
-        )
         query, params = self._cas_statement(
             operation_id=operation_id,
             expected_version=expected_version,
@@ -974,6 +961,7 @@ class PostgresCommitJournal:
             result=result,
             audit=None,
             release_lease=release_lease,
+            atomic=True,
         )
         self._check_txn(txn)
         try:
@@ -1505,13 +1493,24 @@ class PostgresCommitJournal:
         result: Mapping[str, object] | None,
         audit: AuditRequest | None,
         release_lease: bool,
+        atomic: bool,
     ) -> tuple[str, dict[str, Any]]:
-        """Check the values and return the CAS statement with its parameters.
+        """Check the move and the values; return the CAS statement with its parameters.
+
+        ``atomic``: the CAS runs in the target's transaction, where folds are allowed
+        (``_rules.check_move``).
 
         The history rows come from ``_rules.transition_rows`` for every state the entry
         may be in; the statement keeps those of the state it actually left, so a CAS
         that accepts several states records the exact (fold) path it took.
         """
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=next_state,
+            atomic=atomic,
+            audited=audit is not None,
+        )
         safe_evidence = _rules.safe_values(evidence)
         safe_result = _rules.safe_values(result) if result is not None else None
         _rules.safe_actor(actor)
@@ -1569,18 +1568,10 @@ class PostgresCommitJournal:
         evidence: Mapping[str, object] | None,
         result: Mapping[str, object] | None,
     ) -> tuple[str, dict[str, Any]]:
-        """Check the move and return the CAS to COMPLETE that also ends the lease.
+        """The CAS to COMPLETE that also ends the lease (non-atomic, unaudited).
 
-        The statement ``complete_proven`` and ``complete_with_checkpoint`` share: a
-        non-atomic, unaudited move to COMPLETE with ``release_lease``.
+        The statement ``complete_proven`` and ``complete_with_checkpoint`` share.
         """
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
-            atomic=False,
-            audited=False,
-        )
         return self._cas_statement(
             operation_id=operation_id,
             expected_version=expected_version,
@@ -1592,6 +1583,7 @@ class PostgresCommitJournal:
             result=result,
             audit=None,
             release_lease=True,
+            atomic=False,
         )
 
     def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
