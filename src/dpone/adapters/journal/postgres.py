@@ -793,15 +793,8 @@ class PostgresCommitJournal:
         together, in one pipelined round trip and one WAL flush. When the entry or the
         run already exists, nothing of this write is kept: the entry is then created (or
         found) by ``create_committing`` alone and the second value is False (the caller
-        records the run the ordinary way).
-
-        Returns:
-            ``(entry, run_recorded)``.
-
-        Raises:
-            UnsafeValue: provenance or access hold a secret-looking value (before I/O).
-            IntentConflict: the entry exists with another intent digest.
-            JournalUnavailable: the journal could not be written.
+        records the run the ordinary way). Returns and raises as
+        ``FoldingLedgerPort.create_committing_with_run`` says.
         """
         run_params = _ledger_sql.complete_run_params(start, owner=actor, provenance=provenance)
         params = self._born_params(
