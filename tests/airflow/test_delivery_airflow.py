@@ -25,14 +25,14 @@ from tests.airflow.scenarios import metadata, task_states, xcoms
 from tests.airflow.test_delivery_trigger import (
     CANARY,
     INTERVAL,
-    _Conn,
     _pg_delivery,
     _schema_text,
     _with_password,
+    pg_connection,
     promotions,
     rest_workload,
 )
-from tests.airflow.test_scheduler import _free_port, _wait_for_api
+from tests.airflow.test_scheduler import _free_port, _scheduler_env, _wait_for_api
 from tests.fixtures.receiver import RECEIVER_TOKEN
 from tests.integration.test_delivery import TOKEN_ENV
 
@@ -264,30 +264,20 @@ def _deferral_scenario(af: Airflow, tmp: Path, receiver_url: str) -> dict[str, A
     )
     home = af.home(work)
     port = _free_port()
-    env = af.env(
+    env = _scheduler_env(
+        af,
         home,
         dags,
+        port=port,
         **{TOKEN_ENV: RECEIVER_TOKEN},
-        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
-        AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
-        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
         # one task slot: the independent task can only run if the deferral frees it
         AIRFLOW__CORE__PARALLELISM="1",
-        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
         AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="5",
         AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
     )
     if af.major >= 3:
-        env.update(
-            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
-            AIRFLOW__API__PORT=str(port),
-            AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
-            AIRFLOW__WORKERS__EXECUTION_API_RETRIES="10",
-        )
         services = [["airflow", "api-server", "--port", str(port)], ["airflow", "dag-processor"]]
     else:
-        env.update(AIRFLOW__CORE__EXECUTOR="SequentialExecutor")
         services = []
     procs = [_start(af, argv, env, work / f"{argv[1]}.log") for argv in services]
     if af.major >= 3:
@@ -455,19 +445,10 @@ def test_a_password_carrying_journal_in_real_airflow(
     file with the password written in its ``journal:`` fails ``execute`` with
     DPONE_CONFIG_INVALID before anything reaches the receiver.
     """
-    from urllib.parse import urlsplit
 
     monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
     receiver.set_faults(job_duration_s=1.0)
-    parts = urlsplit(pg_available)
-    conn = _Conn(
-        conn_id="dpone_journal",
-        password=CANARY,
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        schema=parts.path.lstrip("/"),
-        login=parts.username or "postgres",
-    )
+    conn = pg_connection(pg_available)
     ops = {
         label: _pg_delivery(
             tmp_path / label,

@@ -97,6 +97,31 @@ def _unique(tmp_path: Path) -> str:
     return f"p{abs(hash(str(tmp_path))) % 10**9}"
 
 
+def _delivered(tmp_path: Path, receiver_url: str) -> tuple[str, dict[str, str]]:
+    """Start a delivery (no poll budget: left running) and return its id and trigger locator."""
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver_url)), {})
+    try:
+        op = runtime.deliver(
+            interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
+        ).operation_id
+        return op, trigger_locator(runtime, {})
+    finally:
+        runtime.close()
+
+
+def pg_connection(pg_url: str) -> _Conn:
+    """A stand-in Airflow connection ``dpone_journal`` to ``pg_url``, with the canary password."""
+    parts = urlsplit(pg_url)
+    return _Conn(
+        conn_id="dpone_journal",
+        password=CANARY,
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        schema=parts.path.lstrip("/"),
+        login=parts.username or "postgres",
+    )
+
+
 def _lease(db: Path, op: str) -> tuple[Any, ...]:
     with sqlite3.connect(db) as conn:
         row = conn.execute(
@@ -185,14 +210,7 @@ def _version(db: Path, op: str) -> int:
 def test_a_trigger_takes_over_an_expired_lease(receiver, tmp_path: Path) -> None:
     """A killed trigger's lease blocks others only until it expires; then one takes over."""
     receiver.set_faults(job_duration_s=0.5)
-    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
-    try:
-        op = runtime.deliver(
-            interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
-        ).operation_id
-        locator = trigger_locator(runtime, {})
-    finally:
-        runtime.close()
+    op, locator = _delivered(tmp_path, receiver.url)
     db = tmp_path / "journal.db"
     with sqlite3.connect(db) as conn:  # a triggerer that died holding the lease for 1.5 s
         conn.execute(
@@ -216,14 +234,7 @@ def test_bounds_end_the_watch_with_a_wake_up_and_hand_the_lease_on(
 ) -> None:
     """Polling is bounded: on exhaustion the trigger wakes the task and frees the lease."""
     receiver.set_faults(job_duration_s=30)
-    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
-    try:
-        op = runtime.deliver(
-            interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
-        ).operation_id
-        locator = trigger_locator(runtime, {})
-    finally:
-        runtime.close()
+    op, locator = _delivered(tmp_path, receiver.url)
     bounded = ObservationBounds(poll_interval_s=0.1, max_polls=3, lease_s=5.0)
     hint = asyncio.run(observe_once_woken(op, locator, bounded))
     assert hint == {"operation_id": op, "status": "exhausted", "polls": 3}
@@ -514,15 +525,7 @@ def test_a_conn_id_locator_resolves_the_connection_in_the_triggerer(
     """
     caplog.set_level(logging.DEBUG)
     receiver.set_faults(job_duration_s=1.0)
-    parts = urlsplit(pg_available)
-    conn = _Conn(
-        conn_id="dpone_journal",
-        password=CANARY,
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        schema=parts.path.lstrip("/"),
-        login=parts.username or "postgres",
-    )
+    conn = pg_connection(pg_available)
     op, locator = _pg_delivery(
         tmp_path,
         receiver.url,

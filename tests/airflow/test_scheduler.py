@@ -71,6 +71,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _scheduler_env(
+    airflow: Airflow, home: Path, dags: Path, *, port: int, **extra: str
+) -> dict[str, str]:
+    """The environment of a live scheduler run: fast heartbeats and parsing, the executor.
+
+    Airflow 3 runs tasks with the LocalExecutor through the api-server on ``port``;
+    Airflow 2 with the SequentialExecutor. ``extra`` adds variables.
+    """
+    env = airflow.env(
+        home,
+        dags,
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
+        AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
+        **extra,
+    )
+    if airflow.major >= 3:
+        env.update(
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+            AIRFLOW__API__PORT=str(port),
+            # a loaded 2-core machine answers the first execution-API calls slowly
+            AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
+            AIRFLOW__WORKERS__EXECUTION_API_RETRIES="10",
+        )
+    else:
+        env.update(AIRFLOW__CORE__EXECUTOR="SequentialExecutor")
+    return env
+
+
 def _wait_for_api(port: int, timeout: float = 120) -> None:
     """Wait until the api-server answers (the port opens before the app is ready)."""
     url = f"http://127.0.0.1:{port}/api/v2/monitor/health"
@@ -147,32 +178,21 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
     (dags / "regions.py").write_text(DAG_FILE.format(workloads=folder, regions=list(REGIONS)))
     home = airflow.home(work)
     port = _free_port()
-    env = airflow.env(
+    env = _scheduler_env(
+        airflow,
         home,
         dags,
+        port=port,
         DPONE_FAILPOINTS="fence.mutate.before_commit=sleep(2)",
-        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
-        AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
-        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
         AIRFLOW__CORE__PARALLELISM="2",
-        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
     )
     if airflow.major >= 3:
-        env.update(
-            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
-            AIRFLOW__API__PORT=str(port),
-            # a loaded 2-core machine answers the first execution-API calls slowly
-            AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
-            AIRFLOW__WORKERS__EXECUTION_API_RETRIES="10",
-        )
         commands = [
             ["airflow", "api-server", "--port", str(port)],
             ["airflow", "dag-processor"],
             ["airflow", "scheduler"],
         ]
     else:
-        env.update(AIRFLOW__CORE__EXECUTOR="SequentialExecutor")
         commands = [["airflow", "scheduler"]]
     logs = [(work / f"{c[1]}.log").open("w") for c in commands]
     procs = [

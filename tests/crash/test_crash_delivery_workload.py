@@ -24,7 +24,7 @@ import pytest
 from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
 from dpone.adapters.journal.sqlite import SqliteCommitJournal
 from dpone.contracts.delivery import DeliveryState
-from dpone.testing.crash import dpone_cmd
+from dpone.testing.crash import dpone_cmd, run_dpone
 from tests.fixtures.receiver import RECEIVER_TOKEN
 
 pytestmark = pytest.mark.crash
@@ -72,18 +72,12 @@ def _setup(
 
 
 def _dpone(root: Path, *args: str, failpoints: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DPONE_FAILPOINTS"}
-    env["DPONE_TEST_RECEIVER_TOKEN"] = RECEIVER_TOKEN
-    if failpoints:
-        env["DPONE_FAILPOINTS"] = failpoints
-    return subprocess.run(
-        dpone_cmd(*args),
+    return run_dpone(
+        args,
         cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
+        failpoints=failpoints,
+        env={"DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN},
         timeout=90,
-        check=False,
     )
 
 
@@ -258,16 +252,21 @@ def test_sigkill_dpone_run_then_rerun(receiver, tmp_path, backend, point, rerun)
     _check(backend, receiver, op)
 
 
-def test_sigkill_inside_a_split_delivery_then_rerun(receiver, tmp_path, backend):
-    """Killed at child 1's submit (of 3), rerun: one job per child, one promotion."""
-    receiver.set_faults(job_duration_s=0.1)
-    _setup(
-        tmp_path,
+def _setup_split(root: Path, receiver: Any, backend: Any) -> Path:
+    """The workload split into children of 10 rows (25 rows: 3 children)."""
+    return _setup(
+        root,
         receiver.url,
         extra="  rows_per_child: 10\n",
         journal=backend.journal_url,
         schema=backend.schema,
     )
+
+
+def test_sigkill_inside_a_split_delivery_then_rerun(receiver, tmp_path, backend):
+    """Killed at child 1's submit (of 3), rerun: one job per child, one promotion."""
+    receiver.set_faults(job_duration_s=0.1)
+    _setup_split(tmp_path, receiver, backend)
     killed = _dpone(tmp_path, *_run_args(tmp_path), failpoints="after:delivery.submit=kill@2")
     assert killed.returncode == KILLED, (killed.stdout, killed.stderr[-2000:])
     op = _operation(backend)
@@ -286,13 +285,7 @@ def test_receiver_sigkill_and_restart_while_dpone_run_polls(receiver, tmp_path, 
     """The receiver dies mid-job (child 0 of a split delivery) and restarts: the polling
     `dpone run` completes; one remote job per child, one promotion."""
     receiver.set_faults(job_duration_s=0.8)
-    _setup(
-        tmp_path,
-        receiver.url,
-        extra="  rows_per_child: 10\n",
-        journal=backend.journal_url,
-        schema=backend.schema,
-    )
+    _setup_split(tmp_path, receiver, backend)
     env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
     env.pop("DPONE_FAILPOINTS", None)
     worker = subprocess.Popen(

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 
-from dpone.testing.crash import dpone_cmd
+from dpone.testing.crash import run_dpone
 from tests.fixtures.receiver import RECEIVER_TOKEN
 
 
 def _cli(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RECEIVER_TOKEN": RECEIVER_TOKEN}
-    return subprocess.run(
-        dpone_cmd("delivery", *args, "--json"),
+    return run_dpone(
+        ["delivery", *args, "--json"],
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
+        env={"RECEIVER_TOKEN": RECEIVER_TOKEN},
         timeout=60,
-        check=False,
     )
 
 

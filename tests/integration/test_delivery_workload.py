@@ -8,7 +8,6 @@ control plane holds verified remote success.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import time
@@ -28,7 +27,7 @@ from dpone.contracts.delivery import (
 from dpone.contracts.identity import derive_operation_id, parse_interval
 from dpone.contracts.run import AirflowProvenance
 from dpone.errors import ConfigInvalid, IntentConflict, ReceiverUnavailable, RecoveryRefused
-from dpone.testing.crash import dpone_cmd
+from dpone.testing.crash import run_dpone
 from tests.fixtures.receiver import RECEIVER_TOKEN
 
 DAY1 = "2026-11-01T00:00:00Z/2026-11-02T00:00:00Z"
@@ -81,6 +80,11 @@ def _checkpoint(journal: Path) -> tuple[int, int, list[tuple]]:
             "ORDER BY start_us"
         ).fetchall()
     return watermark, pending, rows
+
+
+def _dpone(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``dpone ARGS`` in a real process, with the receiver's token in its environment."""
+    return run_dpone(args, cwd=cwd, env={"DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}, timeout=60)
 
 
 def test_deliver_pending_then_resume_promotes_the_checkpoint_once(receiver, tmp_path):
@@ -325,16 +329,7 @@ def test_a_lost_202_is_reconciled_by_key_or_blocks_without_lookup(receiver, tmp_
     receiver.set_faults(job_duration_s=0.05, drop_response_after_accept=1, key_lookup=False)
     (tmp_path / "b").mkdir()
     workload = _workload(tmp_path / "b", receiver.url)
-    env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
-    done = subprocess.run(
-        dpone_cmd("run", str(workload), "--interval", DAY1, "--json"),
-        cwd=tmp_path / "b",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _dpone(tmp_path / "b", "run", str(workload), "--interval", DAY1, "--json")
     assert done.returncode == 3, (done.stdout, done.stderr[-2000:])
     body = json.loads(done.stdout)
     assert (body["outcome"], body["reason"]) == ("blocked", "key_lookup_unsupported")
@@ -437,18 +432,9 @@ def test_cli_run_pending_then_delivery_resume_completes(receiver, tmp_path):
     completed and the checkpoint promoted; `dpone run` again -> completed, replayed."""
     receiver.set_faults(job_duration_s=0.3)
     workload = _workload(tmp_path, receiver.url)
-    env = {**os.environ, "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            dpone_cmd(*args),
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return _dpone(tmp_path, *args)
 
     first = cli("run", str(workload), "--interval", DAY1, "--json")
     assert first.returncode == 0, first.stderr

@@ -329,27 +329,23 @@ def test_a_quiet_run_in_a_pipeline_never_imports_rich(tmp_path: Path) -> None:
         "    print('rich loaded:', 'rich' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR")}
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-        env=env,
-    )
+
+    def quiet_run(interval: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe, "run", str(wl), "--interval", interval, "-q"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+            env=environ,
+        )
+
+    done = quiet_run("2026-11-01/2026-11-02", env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("COMPLETE ")
     assert done.stdout.rstrip().endswith("rich loaded: False")
     # where rich would call stderr a terminal, it still decides (and draws the bar)
-    forced = subprocess.run(
-        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-02/2026-11-03", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-        env={**env, "TTY_COMPATIBLE": "1"},
-    )
+    forced = quiet_run("2026-11-02/2026-11-03", {**env, "TTY_COMPATIBLE": "1"})
     assert forced.returncode == 0, forced.stderr
     assert forced.stdout.rstrip().endswith("rich loaded: True")

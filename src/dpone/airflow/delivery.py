@@ -113,17 +113,10 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
     # ------------------------------------------------------------------ run time only
     def execute(self, context: Any) -> dict[str, object]:
         """Submit or continue the delivery; complete, defer, or fail for an operator."""
-        from dpone.airflow.identity import TaskIdentity
-        from dpone.airflow.operators import _interval_from, _map_index
+        from dpone.airflow.operators import _interval_from, _task_identity
 
-        ti = context["ti"]
-        task = TaskIdentity(
-            dag_id=ti.dag_id,
-            run_id=context["dag_run"].run_id,
-            task_id=ti.task_id,
-            map_index=_map_index(ti),
-        )
-        try_number = getattr(ti, "try_number", None)
+        task = _task_identity(context)
+        try_number = getattr(context["ti"], "try_number", None)
         interval = self.interval or _interval_from(context)
 
         def call(runtime: Any) -> Any:
@@ -168,8 +161,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         self, call: Any, *, task: TaskIdentity | None, unresolved: bool = False
     ) -> dict[str, object]:
         from dpone.airflow.delivery_runtime import prepare_delivery
-        from dpone.airflow.operators import _connection
-        from dpone.airflow.outcome import failure
+        from dpone.airflow.operators import _connection, _stop_or_retry
         from dpone.contracts.delivery import DeliveryBlocked, DeliveryCompleted
         from dpone.errors import DponeError
 
@@ -186,12 +178,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
             runtime, locator = prepared.runtime, prepared.locator
             result = call(runtime)
         except DponeError as error:
-            stop = failure(error, workload=str(self.workload))
-            if stop is not None:
-                self.log.error("%s", stop.message)  # noqa: TRY400 - the message says it all
-                raise AirflowFailException(stop.message) from None
-            self.log.warning("%s (retryable: Airflow's retries apply)", error)
-            raise
+            _stop_or_retry(self.log, error, workload=str(self.workload))
         finally:
             if runtime is not None:
                 runtime.close()

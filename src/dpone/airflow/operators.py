@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from dpone.airflow.compat import (
     AirflowFailException,
@@ -18,6 +18,7 @@ from dpone.airflow.compat import (
 if TYPE_CHECKING:
     from dpone.airflow.connections import ConnectionLike
     from dpone.airflow.identity import TaskIdentity
+    from dpone.errors import DponeError
 
 __all__ = ["DponeRunOperator"]
 
@@ -55,6 +56,35 @@ def _connection(conn_id: str) -> ConnectionLike | None:
 def _map_index(ti: Any) -> int:
     value = getattr(ti, "map_index", None)
     return -1 if value is None else int(value)
+
+
+def _task_identity(context: Any) -> TaskIdentity:
+    """The running task instance's identity: DAG id, DAG run id, task id, map index."""
+    from dpone.airflow.identity import TaskIdentity
+
+    ti = context["ti"]
+    return TaskIdentity(
+        dag_id=ti.dag_id,
+        run_id=context["dag_run"].run_id,
+        task_id=ti.task_id,
+        map_index=_map_index(ti),
+    )
+
+
+def _stop_or_retry(log: logging.Logger, error: DponeError, *, workload: str) -> NoReturn:
+    """Raise for ``error``: AirflowFailException when a retry cannot fix it, else ``error``.
+
+    A stop is logged with the recovery command (no traceback: the message says it all);
+    a retryable error propagates unchanged so Airflow's retries apply.
+    """
+    from dpone.airflow.outcome import failure
+
+    stop = failure(error, workload=workload)
+    if stop is not None:
+        log.error("%s", stop.message)
+        raise AirflowFailException(stop.message) from None
+    log.warning("%s (retryable: Airflow's retries apply)", error)
+    raise error
 
 
 class DponeRunOperator(BaseOperator):  # type: ignore[misc]  # untyped without Airflow
@@ -107,28 +137,17 @@ class DponeRunOperator(BaseOperator):  # type: ignore[misc]  # untyped without A
     # ------------------------------------------------------------------ run time only
     def execute(self, context: Any) -> dict[str, object]:
         """Run the operation in this worker; every import of dpone's runtime happens here."""
-        from dpone.airflow.identity import TaskIdentity
-        from dpone.airflow.outcome import failure, xcom_summary
+        from dpone.airflow.outcome import xcom_summary
         from dpone.errors import DponeError
 
         ti = context["ti"]
-        task = TaskIdentity(
-            dag_id=ti.dag_id,
-            run_id=context["dag_run"].run_id,
-            task_id=ti.task_id,
-            map_index=_map_index(ti),
-        )
+        task = _task_identity(context)
         provenance = task.provenance(try_number=getattr(ti, "try_number", None))
         _log.info("dpone run: workload %s, provenance %s", self.workload, provenance)
         try:
             result = self._run(task, context, try_number=getattr(ti, "try_number", None))
         except DponeError as error:
-            stop = failure(error, workload=self.workload)
-            if stop is not None:
-                self.log.error("%s", stop.message)  # noqa: TRY400 - no traceback: the message says it
-                raise AirflowFailException(stop.message) from None
-            self.log.warning("%s (retryable: Airflow's retries apply)", error)
-            raise
+            _stop_or_retry(self.log, error, workload=str(self.workload))
         summary = xcom_summary(result)
         self.log.info(
             "dpone operation %s is %s: %s rows%s",

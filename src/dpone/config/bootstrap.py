@@ -448,13 +448,23 @@ def _moment(micros: int) -> str:
 
 
 def _checkpoint_store(journal: object) -> CheckpointStorePort:
-    if not callable(getattr(journal, "claim_interval", None)):
-        raise ConfigInvalid(
-            "this journal cannot store checkpoints, which incremental workloads need",
-            field="journal",
-            hint="use the SQLite or PostgreSQL journal",
-        )
+    require_methods(
+        journal,
+        ("claim_interval",),
+        "this journal cannot store checkpoints, which incremental workloads need",
+        hint="use the SQLite or PostgreSQL journal",
+    )
     return cast(CheckpointStorePort, journal)
+
+
+def require_methods(journal: object, methods: tuple[str, ...], message: str, *, hint: str) -> None:
+    """Refuse a journal that lacks one of ``methods`` (a capability its caller needs).
+
+    Raises:
+        ConfigInvalid: a method is missing, with ``message`` and ``hint`` (field journal).
+    """
+    if not all(callable(getattr(journal, name, None)) for name in methods):
+        raise ConfigInvalid(message, field="journal", hint=hint)
 
 
 def build_route(
@@ -540,6 +550,30 @@ def _pack_digest(workload: Workload, target_identity: str) -> str:
     )
 
 
+def workload_operation_id(
+    workload: Workload,
+    ctx: RunContext,
+    *,
+    partition: str | None,
+    window: Interval,
+    target_identity: str,
+) -> str:
+    """The operation id of ``workload`` over ``window`` into ``target_identity``.
+
+    One identity builder for relational runs and REST deliveries (docs/identity.md).
+    """
+    return derive_operation_id(
+        release_id=workload.release,
+        deployment_id=workload.deployment,
+        dag_id=ctx.dag_id,
+        dag_run_logical_identity=ctx.dag_run_logical_identity,
+        workload_id=workload.workload,
+        mapped_partition_identity=partition or "-",
+        canonical_interval=window,
+        canonical_target_identity=target_identity,
+    )
+
+
 def plan_operation(
     workload: Workload,
     route: Route,
@@ -553,15 +587,8 @@ def plan_operation(
     ctx = context or RunContext()
     window = interval
     target_identity = route.connector.target_identity()
-    operation_id = derive_operation_id(
-        release_id=workload.release,
-        deployment_id=workload.deployment,
-        dag_id=ctx.dag_id,
-        dag_run_logical_identity=ctx.dag_run_logical_identity,
-        workload_id=workload.workload,
-        mapped_partition_identity=partition or "-",
-        canonical_interval=window,
-        canonical_target_identity=target_identity,
+    operation_id = workload_operation_id(
+        workload, ctx, partition=partition, window=window, target_identity=target_identity
     )
     columns: tuple[Column, ...] = source.columns()
     load = workload.load
@@ -670,12 +697,12 @@ _LEDGER_METHODS = ("begin_run", "get_run", "list_runs", "attempts", "begin_attem
 
 def ledger_of(journal: CommitJournalPort) -> RunLedgerPort:
     """Return the run ledger kept in ``journal``'s store (every dpone journal keeps one)."""
-    if not all(callable(getattr(journal, name, None)) for name in _LEDGER_METHODS):
-        raise ConfigInvalid(
-            "this journal keeps no run ledger",
-            field="journal",
-            hint="use a sqlite://, postgresql:// or memory:// journal",
-        )
+    require_methods(
+        journal,
+        _LEDGER_METHODS,
+        "this journal keeps no run ledger",
+        hint="use a sqlite://, postgresql:// or memory:// journal",
+    )
     return cast(RunLedgerPort, journal)
 
 
@@ -704,15 +731,48 @@ def _principal(provenance: Provenance, env: Mapping[str, str]) -> str:
 
 def _connection_names(workload: Workload, route: Route, env: Mapping[str, str]) -> tuple[str, ...]:
     """Name each connection by the variable it came from, else by its credential-free locator."""
+    return connection_names(workload, route.journal, route.connector.target_identity(), env)
+
+
+def connection_names(
+    workload: Workload, journal: object, target_identity: str, env: Mapping[str, str]
+) -> tuple[str, str]:
+    """``(journal, target)`` named by the variable each came from, else by its locator.
+
+    The access record's connections (no credentials): a journal without a ``locator``
+    is named by its type.
+    """
     if workload.journal_env is not None:
-        journal = f"journal=env:{workload.journal_env}"
+        journal_name = f"journal=env:{workload.journal_env}"
     elif workload.journal is None and env.get("DPONE_JOURNAL"):
-        journal = "journal=env:DPONE_JOURNAL"
+        journal_name = "journal=env:DPONE_JOURNAL"
     else:
-        journal = f"journal={getattr(route.journal, 'locator', type(route.journal).__name__)}"
+        journal_name = f"journal={getattr(journal, 'locator', type(journal).__name__)}"
     url_env = getattr(workload.target, "url_env", None)
-    target = f"target=env:{url_env}" if url_env else f"target={route.connector.target_identity()}"
-    return (journal, target)
+    target_name = f"target=env:{url_env}" if url_env else f"target={target_identity}"
+    return (journal_name, target_name)
+
+
+def request_digest(
+    *,
+    operation_id: str,
+    workload_id: str,
+    interval: str,
+    partition: str,
+    dag_id: str,
+    dag_run: str,
+) -> str:
+    """The run's request hash: what was asked for (operation, workload, window, DAG run)."""
+    return digest_of(
+        {
+            "operation_id": operation_id,
+            "workload_id": workload_id,
+            "interval": interval,
+            "partition": partition,
+            "dag_id": dag_id,
+            "dag_run": dag_run,
+        }
+    )
 
 
 def run_request(
@@ -727,15 +787,13 @@ def run_request(
     """Describe the run of ``spec``: request and definition hashes, provenance, access."""
     env = os.environ if environ is None else environ
     meta = spec.metadata
-    request_hash = digest_of(
-        {
-            "operation_id": spec.operation_id,
-            "workload_id": str(meta.get("workload_id", "")),
-            "interval": str(meta.get("interval", "")),
-            "partition": str(meta.get("partition", "")),
-            "dag_id": str(meta.get("dag_id", "")),
-            "dag_run": str(meta.get("dag_run", "")),
-        }
+    request_hash = request_digest(
+        operation_id=spec.operation_id,
+        workload_id=str(meta.get("workload_id", "")),
+        interval=str(meta.get("interval", "")),
+        partition=str(meta.get("partition", "")),
+        dag_id=str(meta.get("dag_id", "")),
+        dag_run=str(meta.get("dag_run", "")),
     )
     return RunRequest(
         idempotency_key=idempotency_key,

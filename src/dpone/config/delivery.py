@@ -229,12 +229,14 @@ def open_delivery_service(
 
 
 def _checkpoints_of(journal: object) -> DeliveryCheckpointPort:
-    if not callable(getattr(journal, "promote_delivered", None)):
-        raise ConfigInvalid(
-            "this journal cannot store checkpoints, which deliveries promote",
-            field="journal",
-            hint="use the SQLite or PostgreSQL journal",
-        )
+    from dpone.config.bootstrap import require_methods
+
+    require_methods(
+        journal,
+        ("promote_delivered",),
+        "this journal cannot store checkpoints, which deliveries promote",
+        hint="use the SQLite or PostgreSQL journal",
+    )
     return cast(DeliveryCheckpointPort, journal)
 
 
@@ -301,22 +303,22 @@ def plan_delivery(
     The operation id comes from the same identity builder as relational runs, with the
     receiver URL (no credentials) as the target identity.
     """
-    from dpone.config.bootstrap import _principal, checkpoint_advance, pack_fingerprint
+    from dpone.config.bootstrap import (
+        _principal,
+        checkpoint_advance,
+        connection_names,
+        pack_fingerprint,
+        request_digest,
+        workload_operation_id,
+    )
 
     workload = route.workload
     target = cast(RestTargetConfig, workload.target)
     from dpone.config.bootstrap import RunContext
 
     ctx = context or RunContext()
-    op = derive_operation_id(
-        release_id=workload.release,
-        deployment_id=workload.deployment,
-        dag_id=ctx.dag_id,
-        dag_run_logical_identity=ctx.dag_run_logical_identity,
-        workload_id=workload.workload,
-        mapped_partition_identity=partition or "-",
-        canonical_interval=window,
-        canonical_target_identity=route.receiver_identity,
+    op = workload_operation_id(
+        workload, ctx, partition=partition, window=window, target_identity=route.receiver_identity
     )
     # what is sent depends on the split and the chunking too: they pin the definition
     pack = digest_of(
@@ -327,27 +329,18 @@ def plan_delivery(
         }
     )
     env = os.environ if environ is None else environ
-    request_hash = digest_of(
-        {
-            "operation_id": op,
-            "workload_id": workload.workload,
-            "interval": window.canonical(),
-            "partition": partition or "-",
-            "dag_id": ctx.dag_id,
-            "dag_run": ctx.dag_run_logical_identity,
-        }
-    )
-    if workload.journal_env is not None:
-        journal_name = f"journal=env:{workload.journal_env}"
-    elif workload.journal is None and env.get("DPONE_JOURNAL"):
-        journal_name = "journal=env:DPONE_JOURNAL"
-    else:
-        journal_name = f"journal={getattr(route.journal, 'locator', 'journal')}"
-    target_name = (
-        f"target=env:{target.url_env}" if target.url_env else f"target={route.receiver_identity}"
+    request_hash = request_digest(
+        operation_id=op,
+        workload_id=workload.workload,
+        interval=window.canonical(),
+        partition=partition or "-",
+        dag_id=ctx.dag_id,
+        dag_run=ctx.dag_run_logical_identity,
     )
     access = AccessContext(
-        principal=_principal(provenance, env), connections=(journal_name, target_name)
+        principal=_principal(provenance, env),
+        # the control plane's journal is SQLite or PostgreSQL: it always has a locator
+        connections=connection_names(workload, route.journal, route.receiver_identity, env),
     )
     key = default_idempotency_key(op)
     run = RunStart(

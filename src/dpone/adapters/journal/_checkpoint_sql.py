@@ -278,3 +278,17 @@ def interval_recorded(cur: Any, d: Dialect, advance: CheckpointAdvance, *, at: f
         (advance.stream_id, advance.start, advance.end),
     ).fetchone()
     return row is not None
+
+
+def promote_unrecorded(
+    cur: Any, d: Dialect, advance: CheckpointAdvance, *, operation_id: str, at: float
+) -> bool:
+    """Promote the advance unless its interval is already recorded; True when it promoted.
+
+    The body of the adapters' ``promote_delivered``: absolute and idempotent, on the
+    caller's open transaction (the stream's row is locked by ``interval_recorded``).
+    """
+    if interval_recorded(cur, d, advance, at=at):
+        return False
+    promote(cur, d, advance, operation_id=operation_id, at=at)
+    return True

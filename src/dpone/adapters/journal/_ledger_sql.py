@@ -256,16 +256,7 @@ def begin_run(cur: _Cursor, d: LedgerDialect, start: RunStart) -> tuple[RunRecor
         f"created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, {j}, {j}, 'RUNNING', 0, NOW, NOW) "
         "ON CONFLICT DO NOTHING"
     )
-    values = (
-        start.run_id,
-        start.idempotency_key,
-        start.operation_id,
-        start.request_hash,
-        start.definition_hash,
-        start.access_digest,
-        _rules.encode_mapping(start.access),
-        _rules.encode_mapping(start.provenance),
-    )
+    values = _run_values(start)
     if d.postgres:
         # One round trip: the new run, or the existing one under the key (a replay). The
         # fallback below covers a key committed by another session after this snapshot.
@@ -298,6 +289,11 @@ def complete_run_params(
     check_start(start)
     _rules.safe_actor(owner)
     origin = safe_mapping(provenance, allowed=PROVENANCE_KEYS)
+    return (*_run_values(start), owner, _rules.encode_mapping(origin))
+
+
+def _run_values(start: RunStart) -> tuple[object, ...]:
+    """A new run's row values, in the column order ``begin_run`` and the folds insert."""
     return (
         start.run_id,
         start.idempotency_key,
@@ -307,8 +303,6 @@ def complete_run_params(
         start.access_digest,
         _rules.encode_mapping(start.access),
         _rules.encode_mapping(start.provenance),
-        owner,
-        _rules.encode_mapping(origin),
     )
 
 

@@ -793,15 +793,8 @@ class PostgresCommitJournal:
         together, in one pipelined round trip and one WAL flush. When the entry or the
         run already exists, nothing of this write is kept: the entry is then created (or
         found) by ``create_committing`` alone and the second value is False (the caller
-        records the run the ordinary way).
-
-        Returns:
-            ``(entry, run_recorded)``.
-
-        Raises:
-            UnsafeValue: provenance or access hold a secret-looking value (before I/O).
-            IntentConflict: the entry exists with another intent digest.
-            JournalUnavailable: the journal could not be written.
+        records the run the ordinary way). Returns and raises as
+        ``FoldingLedgerPort.create_committing_with_run`` says.
         """
         run_params = _ledger_sql.complete_run_params(start, owner=actor, provenance=provenance)
         params = self._born_params(
@@ -864,13 +857,6 @@ class PostgresCommitJournal:
 
         ``release_lease`` also lets the caller's lease expire now, in the same write.
         """
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=next_state,
-            atomic=False,
-            audited=audit is not None,
-        )
         query, params = self._cas_statement(
             operation_id=operation_id,
             expected_version=expected_version,
@@ -882,6 +868,7 @@ class PostgresCommitJournal:
             result=result,
             audit=audit,
             release_lease=release_lease,
+            atomic=False,
         )
         # Never repeated: a CAS whose commit was lost in transit must not be sent again.
         return self._run(
@@ -909,24 +896,14 @@ class PostgresCommitJournal:
         before that returns the entry to COMMITTING, which the next run completes after
         observing the committed fence, writing nothing.
         """
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
-            atomic=False,
-            audited=False,
-        )
-        query, params = self._cas_statement(
+        query, params = self._complete_statement(
             operation_id=operation_id,
             expected_version=expected_version,
             expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
             lease_epoch=lease_epoch,
             actor=actor,
             evidence=evidence,
             result=result,
-            audit=None,
-            release_lease=True,
         )
         # Never repeated (as compare_and_set); the asynchronous-commit sessions are the
         # run ledger's (``_ready_ledger_pool``)
@@ -966,13 +943,6 @@ class PostgresCommitJournal:
         """
         if not isinstance(txn, psycopg.Connection):
             raise TypeError("txn must be the target's psycopg.Connection")
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=next_state,
-            atomic=True,
-            audited=False,
-        )
         query, params = self._cas_statement(
             operation_id=operation_id,
             expected_version=expected_version,
@@ -984,6 +954,7 @@ class PostgresCommitJournal:
             result=result,
             audit=None,
             release_lease=release_lease,
+            atomic=True,
         )
         self._check_txn(txn)
         try:
@@ -1012,24 +983,14 @@ class PostgresCommitJournal:
         result: Mapping[str, object] | None = None,
     ) -> JournalEntry:
         """CAS to COMPLETE and promote the checkpoint in one transaction."""
-        _rules.check_move(
-            operation_id=operation_id,
-            expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
-            atomic=False,
-            audited=False,
-        )
-        query, params = self._cas_statement(
+        query, params = self._complete_statement(
             operation_id=operation_id,
             expected_version=expected_version,
             expected_states=expected_states,
-            next_state=CommitState.COMPLETE,
             lease_epoch=lease_epoch,
             actor=actor,
             evidence=evidence,
             result=result,
-            audit=None,
-            release_lease=True,
         )
         dialect = self._checkpoints()
 
@@ -1144,12 +1105,10 @@ class PostgresCommitJournal:
 
         def write(conn: _Conn) -> bool:
             with conn.transaction(), conn.cursor() as cur:
-                if _checkpoint_sql.interval_recorded(cur, dialect, checkpoint, at=_pg_now(cur)):
-                    return False
-                _checkpoint_sql.promote(
+                # now() is the transaction's start: one read serves both writes
+                return _checkpoint_sql.promote_unrecorded(
                     cur, dialect, checkpoint, operation_id=operation_id, at=_pg_now(cur)
                 )
-                return True
 
         return self._run("promote a delivery's checkpoint", write, repeatable=True)
 
@@ -1527,13 +1486,24 @@ class PostgresCommitJournal:
         result: Mapping[str, object] | None,
         audit: AuditRequest | None,
         release_lease: bool,
+        atomic: bool,
     ) -> tuple[str, dict[str, Any]]:
-        """Check the values and return the CAS statement with its parameters.
+        """Check the move and the values; return the CAS statement with its parameters.
+
+        ``atomic``: the CAS runs in the target's transaction, where folds are allowed
+        (``_rules.check_move``).
 
         The history rows come from ``_rules.transition_rows`` for every state the entry
         may be in; the statement keeps those of the state it actually left, so a CAS
         that accepts several states records the exact (fold) path it took.
         """
+        _rules.check_move(
+            operation_id=operation_id,
+            expected_states=expected_states,
+            next_state=next_state,
+            atomic=atomic,
+            audited=audit is not None,
+        )
         safe_evidence = _rules.safe_values(evidence)
         safe_result = _rules.safe_values(result) if result is not None else None
         _rules.safe_actor(actor)
@@ -1579,6 +1549,35 @@ class PostgresCommitJournal:
             attestation=audit.attestation,
         )
         return self._sql.cas_audited, params
+
+    def _complete_statement(
+        self,
+        *,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        evidence: Mapping[str, object] | None,
+        result: Mapping[str, object] | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The CAS to COMPLETE that also ends the lease (non-atomic, unaudited).
+
+        The statement ``complete_proven`` and ``complete_with_checkpoint`` share.
+        """
+        return self._cas_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            next_state=CommitState.COMPLETE,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            audit=None,
+            release_lease=True,
+            atomic=False,
+        )
 
     def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
         """Refuse a target transaction that is not open or not in this journal's database."""

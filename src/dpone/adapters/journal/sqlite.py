@@ -706,12 +706,9 @@ class SqliteCommitJournal:
         nothing changes).
         """
         with self._guard(), self._write() as cur:
-            if _checkpoint_sql.interval_recorded(cur, _CHECKPOINTS, checkpoint, at=_now(cur)):
-                return False
-            _checkpoint_sql.promote(
+            return _checkpoint_sql.promote_unrecorded(
                 cur, _CHECKPOINTS, checkpoint, operation_id=operation_id, at=_now(cur)
             )
-            return True
 
     def get_checkpoint(self, stream_id: str) -> Checkpoint | None:
         """Return the stream's checkpoint, or None."""
