@@ -57,6 +57,14 @@ def _operator(pairs: list[str]) -> dict[str, Any]:
     return {"ops": [_calls(w, op) for w, op in zip(pairs[::2], pairs[1::2], strict=True)]}
 
 
+def _context() -> dict[str, Any]:
+    """A task context as Airflow hands it to the operator (try 1 of a manual run)."""
+    from types import SimpleNamespace
+
+    ti = SimpleNamespace(dag_id="probe", task_id="deliver", map_index=-1, try_number=1)
+    return {"ti": ti, "dag_run": SimpleNamespace(run_id="manual__probe")}
+
+
 def _calls(workload: str, op: str) -> dict[str, Any]:
     from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
 
@@ -73,7 +81,7 @@ def _calls(workload: str, op: str) -> dict[str, Any]:
     )
     for event in events:
         try:
-            out.append({"returned": task.execute_complete({}, event, operation_id=op)})
+            out.append({"returned": task.execute_complete(_context(), event, operation_id=op)})
         except AirflowFailException as stop:
             out.append({"failed": str(stop)})
         except TaskDeferred as deferred:
@@ -96,14 +104,15 @@ def _blocked(workload: str, op: str) -> dict[str, Any]:
 
     task = DponeDeliveryOperator(task_id="deliver", workload=workload)
     try:
-        returned = task.execute_complete({}, {"operation_id": op, "status": "succeeded"}, op)
+        returned = task.execute_complete(
+            _context(), {"operation_id": op, "status": "succeeded"}, op
+        )
     except AirflowFailException as stop:
         return {"failed": str(stop)}
     return {"returned": returned}
 
 
 def _execute(workload: str) -> dict[str, Any]:
-    from types import SimpleNamespace
 
     from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
 
@@ -112,10 +121,8 @@ def _execute(workload: str) -> dict[str, Any]:
     task = DponeDeliveryOperator(
         task_id="deliver", workload=workload, interval="2026-11-01T00:00:00Z/2026-11-02T00:00:00Z"
     )
-    ti = SimpleNamespace(dag_id="probe", task_id="deliver", map_index=-1, try_number=1)
-    context = {"ti": ti, "dag_run": SimpleNamespace(run_id="manual__probe")}
     try:
-        return {"returned": task.execute(context)}
+        return {"returned": task.execute(_context())}
     except AirflowFailException as stop:
         return {"failed": str(stop)}
     except TaskDeferred as deferred:

@@ -197,6 +197,20 @@ with DAG(
 """
 
 
+def _attempt_provenance(journal: Path, operation_id: str) -> list[tuple[str, int]]:
+    """(provenance kind, try number) of each ledger attempt of the operation's run."""
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = db.execute(
+            "SELECT a.provenance FROM dpone_run_attempts a JOIN dpone_runs r USING (run_id) "
+            "WHERE r.operation_id = ? ORDER BY a.attempt",
+            (operation_id,),
+        ).fetchall()
+    finally:
+        db.close()
+    return [(p["kind"], p["try_number"]) for p in (json.loads(row[0]) for row in rows)]
+
+
 def _lease_row(journal: Path) -> tuple[str, int, int] | None:
     try:
         with sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=1) as db:
@@ -357,6 +371,10 @@ def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
         op = summary["operation_id"]
         assert receiver.jobs_created(op) == 1
         assert promotions(Path(run["work"]), op, _name(label)) == 1
+        # the submit and each resume after a wake-up are attempts of one run, all try 1
+        attempts = _attempt_provenance(Path(run["journal"]), op)
+        assert len(attempts) >= 2, (attempts, where)
+        assert set(attempts) == {("airflow", 1)}, (attempts, where)
         logs = "\n".join(p.read_text(errors="replace") for p in home.glob("logs/**/*.log"))
         assert RECEIVER_TOKEN not in logs + run["logs"]
         print(

@@ -151,8 +151,15 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
             hint.get("status", "-"),
         )
 
+        from dpone.airflow.operators import _task_identity
+
+        # the resume is an attempt of the same run: the ledger records this try's provenance
+        provenance = _task_identity(context).ledger_provenance(
+            try_number=getattr(context["ti"], "try_number", None)
+        )
+
         def call(runtime: Any) -> Any:
-            return runtime.resume_delivery(operation_id, poll_budget_s=0.0)
+            return runtime.resume_delivery(operation_id, poll_budget_s=0.0, provenance=provenance)
 
         return self._decide(call, task=None, unresolved=hint.get("status") == UNRESOLVED)
 
