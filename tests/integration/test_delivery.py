@@ -28,6 +28,8 @@ from dpone.contracts.delivery import (
 from dpone.errors import (
     ConfigInvalid,
     DeliveryCapacityFull,
+    DeliveryCredentialRefused,
+    DeliveryRejected,
     InjectedFault,
     IntentConflict,
     ReceiverUnavailable,
@@ -398,6 +400,43 @@ def test_receiver_restart_while_pending(receiver, store, tmp_path):
     time.sleep(0.3)
     assert isinstance(proc.resume(request.operation_id), DeliveryCompleted)
     assert receiver.jobs_created(request.operation_id) == 1
+
+
+def test_a_stale_token_on_a_status_request_keeps_the_delivery_waiting(
+    receiver, store, tmp_path, monkeypatch
+):
+    """401 on a status GET (token rotated mid-deferral): ACCEPTED, slot held, then completes."""
+    receiver.set_faults(job_duration_s=0.3)
+    proc = _processor(store)
+    request = _request(receiver, _payload(tmp_path), limit=1)
+    assert isinstance(proc.deliver(request), DeliveryPending)
+    before = store.get(request.operation_id)
+    monkeypatch.setenv(TOKEN_ENV, "stale-token")
+    with pytest.raises(DeliveryCredentialRefused) as refused:
+        proc.resume(request.operation_id)
+    assert refused.value.retryable
+    assert f"env:{TOKEN_ENV}" in refused.value.message
+    assert "stale-token" not in str(refused.value)
+    record = store.get(request.operation_id)
+    assert record.state is DeliveryState.ACCEPTED
+    assert record.receipt == before.receipt
+    assert record.next_check_at is not None
+    assert record.next_check_at > store.now()
+    assert store.active_reservations(_receiver_id(receiver)) == 1
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+    time.sleep(0.35)
+    assert isinstance(proc.resume(request.operation_id), DeliveryCompleted)
+    assert receiver.jobs_created(request.operation_id) == 1
+    assert store.active_reservations(_receiver_id(receiver)) == 0
+
+
+def test_an_unknown_receipt_is_rejected_not_retried(receiver):
+    """404 on the status GET is not a credential problem: it stays terminal (receipt_unknown)."""
+    sink = RestDeliverySink(receiver.url, credential_ref=f"env:{TOKEN_ENV}")
+    with pytest.raises(DeliveryRejected) as unknown:
+        sink.observe(receipt="job_" + "0" * 32)
+    assert not isinstance(unknown.value, DeliveryCredentialRefused)
+    sink.close()
 
 
 def test_duplicate_observers_are_harmless(receiver, store, tmp_path):

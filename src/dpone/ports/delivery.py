@@ -61,6 +61,7 @@ class DeliverySinkPort(Protocol):
         Raises:
             ReceiverUnavailable: no answer now.
             DeliveryRejected: the receiver does not know the receipt.
+            DeliveryCredentialRefused: the receiver refused the credential (retryable).
 
         """
         ...

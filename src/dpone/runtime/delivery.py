@@ -50,6 +50,7 @@ from dpone.contracts.identity import derive_intent_digest, digest_of
 from dpone.errors import (
     ConfigInvalid,
     DeliveryCapacityFull,
+    DeliveryCredentialRefused,
     DeliveryRejected,
     IntentConflict,
     JournalConflict,
@@ -723,6 +724,24 @@ class ResumableDeliveryProcessor:
                     detail="status request unanswered",
                 ),
             )
+        except DeliveryCredentialRefused as exc:
+            # a refused credential on a read-only GET decides nothing about the job (a
+            # token rotated mid-deferral): keep the receipt and the slot, check again later
+            record = self._advance(
+                record,
+                DeliveryStep(
+                    to_state=D.ACCEPTED,
+                    next_check_in_s=self.policy.poll_interval_s,
+                    detail="status request refused the credential",
+                ),
+            )
+            raise DeliveryCredentialRefused(
+                exc.message,
+                operation_id=record.operation_id,
+                state=record.state.value,
+                journal_version=record.version,
+                recovery_ref=delivery_recovery_ref(record.operation_id),
+            ) from None
         except DeliveryRejected as exc:
             return self._advance(
                 record,
