@@ -215,6 +215,43 @@ def test_capacity_is_reserved_with_the_attempt_and_released_at_terminal(backend)
     assert store.active_reservations(RECEIVER) == 1  # unknown work keeps its slot
 
 
+def test_a_delivery_blocked_before_sending_takes_no_slot(backend):
+    """STAGED or RETRY_WAIT -> BLOCKED (nothing sent) never reserves, even at full capacity."""
+    _, store, _, _ = backend
+    holder = _submit(store, _register(store, 15, limit=1))
+    assert store.active_reservations(RECEIVER) == 1
+    staged = _register(store, 16, limit=1)
+    blocked = store.advance(
+        operation_id=staged.operation_id,
+        expected_version=staged.version,
+        step=DeliveryStep(to_state=D.BLOCKED, block_reason=BlockReason.PAYLOAD_CHANGED),
+        actor="test",
+    )
+    assert blocked.state is D.BLOCKED
+    assert store.active_reservations(RECEIVER) == 1
+    waiting = store.advance(
+        operation_id=holder.operation_id,
+        expected_version=holder.version,
+        step=DeliveryStep(to_state=D.RETRY_WAIT, attempt_outcome="refused", due_in_s=0.0),
+        actor="test",
+    )
+    assert store.active_reservations(RECEIVER) == 0
+    store.advance(
+        operation_id=waiting.operation_id,
+        expected_version=waiting.version,
+        step=DeliveryStep(to_state=D.BLOCKED, block_reason=BlockReason.PAYLOAD_CHANGED),
+        actor="test",
+    )
+    assert store.active_reservations(RECEIVER) == 0
+    with pytest.raises(RecoveryRefused):  # no slot to give back
+        store.release_capacity(
+            operation_id=blocked.operation_id,
+            expected_version=blocked.version,
+            principal="ops",
+            reason="nothing was sent",
+        )
+
+
 def test_a_second_receipt_for_one_key_is_a_conflict(backend):
     """Recording another receipt than the one on file fails and writes nothing."""
     _, store, _, _ = backend

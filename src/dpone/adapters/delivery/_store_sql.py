@@ -437,7 +437,9 @@ def _capacity(
         (before.operation_id,),
     )
     held = cur.fetchone()
-    if _rules.holds_capacity(after.state) and held is None:
+    # a slot is taken only when an attempt starts (SUBMITTING); any other move into a
+    # holding state (e.g. STAGED -> BLOCKED: nothing was sent) keeps what it holds
+    if after.state is DeliveryState.SUBMITTING and held is None:
         # the receiver's row is the lock every reserving transaction queues on
         cur.execute(
             d.q(
