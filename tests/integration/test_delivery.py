@@ -367,6 +367,37 @@ def test_capacity_limit_is_held_until_terminal(receiver, store, tmp_path):
     assert isinstance(proc.resume(second.operation_id), DeliveryCompleted)
 
 
+def test_a_capacity_wait_uploads_nothing_until_a_slot_is_free(receiver, store, tmp_path):
+    """Waiting for a slot (wait budget, polling) uploads nothing; once free, one upload."""
+    uploads: list[str] = []
+
+    class Counting(RestDeliverySink):
+        def upload(self, *, operation_id, payload):
+            uploads.append(operation_id)
+            super().upload(operation_id=operation_id, payload=payload)
+
+    receiver.set_faults(job_duration_s=30.0)
+    policy = DeliveryPolicy(poll_interval_s=0.05, wait_budget_s=0.5)
+    proc = ResumableDeliveryProcessor(
+        store=store,
+        sink_factory=lambda url, ref: Counting(url, credential_ref=ref, timeout_s=5.0),
+        policy=policy,
+    )
+    _OPEN.append(proc)
+    first = _request(receiver, _payload(tmp_path), limit=1)
+    assert isinstance(proc.deliver(first), DeliveryPending)
+    second = _request(receiver, _payload(tmp_path), limit=1)
+    with pytest.raises(DeliveryCapacityFull):
+        proc.deliver(second)
+    assert uploads.count(second.operation_id) == 0
+    receiver.cancel(store.get(first.operation_id).receipt)
+    assert isinstance(proc.resume(first.operation_id), DeliveryBlocked)
+    receiver.set_faults(job_duration_s=0.0)
+    assert isinstance(proc.resume(second.operation_id), DeliveryCompleted)
+    assert uploads.count(second.operation_id) == 1
+    assert uploads.count(first.operation_id) == 1
+
+
 def test_intent_conflict_and_changed_payload(receiver, store, tmp_path):
     """Another payload under the same operation: IntentConflict; a changed file: blocked."""
     proc = _processor(store)

@@ -186,6 +186,14 @@ class DeliveryStorePort(Protocol):
         """Return how many capacity slots of ``receiver`` are held now."""
         ...
 
+    def capacity_available(self, receiver: str) -> bool:
+        """Return True when ``receiver`` has no limit or a free slot now (a hint, no lock).
+
+        The reservation on the move to SUBMITTING stays the authority; this read only
+        lets a caller skip work (an upload) that a full receiver would waste.
+        """
+        ...
+
     def now(self) -> float:
         """Return the store's clock, seconds since the epoch."""
         ...

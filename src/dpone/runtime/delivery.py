@@ -544,7 +544,7 @@ class ResumableDeliveryProcessor:
             return self._reread(record.operation_id)
 
     def _begin_and_submit(self, record: DeliveryRecord, waits: _Budget) -> DeliveryRecord:
-        """Check the payload authority, upload, then reserve + attempt + SUBMITTING, submit."""
+        """Check the payload authority and free capacity, upload, reserve + SUBMITTING, submit."""
         if _file_digest(record.payload.path) != record.payload.digest:
             return self._advance(
                 record,
@@ -553,6 +553,16 @@ class ResumableDeliveryProcessor:
                     block_reason=BlockReason.PAYLOAD_CHANGED,
                     detail="staged payload digest differs from the recorded one",
                 ),
+            )
+        if record.state in (D.STAGED, D.RETRY_WAIT) and not self._store.capacity_available(
+            record.receiver
+        ):
+            # holding no slot and none free: fail before uploading, not after (a capacity
+            # wait would otherwise re-upload the whole payload every poll interval)
+            raise DeliveryCapacityFull(
+                f"all capacity slots of {record.receiver} are held by active jobs",
+                operation_id=record.operation_id,
+                state=record.state.value,
             )
         sink = self._sink(record)
         while True:

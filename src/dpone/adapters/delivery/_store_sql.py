@@ -138,6 +138,18 @@ def active_reservations(cur: Any, d: Dialect, receiver: str) -> int:
     return int(cur.fetchone()[0])
 
 
+def capacity_available(cur: Any, d: Dialect, receiver: str) -> bool:
+    """True when ``receiver`` has no recorded limit or fewer held slots than it (no lock)."""
+    cur.execute(
+        d.q("SELECT capacity_limit FROM {p}dpone_delivery_receivers WHERE receiver = ?"),
+        (receiver,),
+    )
+    row = cur.fetchone()
+    if row is None or row[0] is None:
+        return True
+    return active_reservations(cur, d, receiver) < int(row[0])
+
+
 def register(
     cur: Any,
     d: Dialect,

@@ -347,6 +347,13 @@ class PostgresDeliveryStore:
             lambda cur: _sql.active_reservations(cur, self._dialect, receiver),
         )
 
+    def capacity_available(self, receiver: str) -> bool:
+        """Return True when ``receiver`` has no limit or a free slot now (a hint, no lock)."""
+        return self._tx(
+            "reading capacity",
+            lambda cur: _sql.capacity_available(cur, self._dialect, receiver),
+        )
+
     def register(
         self,
         *,

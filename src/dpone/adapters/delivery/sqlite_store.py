@@ -317,6 +317,11 @@ class SqliteDeliveryStore:
         with self._guard():
             return _sql.active_reservations(self._conn().cursor(), _DIALECT, receiver)
 
+    def capacity_available(self, receiver: str) -> bool:
+        """Return True when ``receiver`` has no limit or a free slot now (a hint, no lock)."""
+        with self._guard():
+            return _sql.capacity_available(self._conn().cursor(), _DIALECT, receiver)
+
     # ------------------------------------------------------------------ writes
     def register(
         self,
