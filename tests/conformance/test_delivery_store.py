@@ -20,10 +20,12 @@ from dpone.contracts.delivery import (
     RemoteStatus,
 )
 from dpone.errors import (
+    ConfigInvalid,
     DeliveryCapacityFull,
     IllegalTransition,
     IntentConflict,
     JournalConflict,
+    JournalUnavailable,
     OperationNotFound,
     RecoveryConflict,
     RecoveryRefused,
@@ -406,3 +408,36 @@ def test_operator_releases_a_blocked_slot_with_an_audit_record(backend):
             principal="ops",
             reason="again",
         )
+
+
+def test_a_read_only_open_reads_and_creates_nothing(backend, tmp_path):
+    """read_only: reads a control plane; a missing one is "no control plane at", none made."""
+    name, store, locator, schema = backend
+    record = _register(store, 50)
+    if name == "sqlite":
+        from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
+
+        with pytest.raises(ConfigInvalid, match="no control plane at"):
+            SqliteDeliveryStore(tmp_path / "typo" / "x.db", read_only=True)
+        assert not (tmp_path / "typo").exists()
+        reader = SqliteDeliveryStore(locator, read_only=True)
+    else:
+        import psycopg
+
+        from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+
+        with pytest.raises(ConfigInvalid, match="no control plane at"):
+            PostgresDeliveryStore(locator, schema=f"{schema}_typo", read_only=True)
+        with psycopg.connect(locator) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = %s", (f"{schema}_typo",)
+            ).fetchone()
+        assert found is None
+        reader = PostgresDeliveryStore(locator, schema=schema, read_only=True)
+    try:
+        assert reader.get(record.operation_id) == record
+        with pytest.raises(JournalUnavailable):
+            _submit(reader, record)
+        assert store.get(record.operation_id) == record
+    finally:
+        reader.close()

@@ -146,7 +146,7 @@ def status(
 
     with _boundary(as_json):
         url, base, schema = _journal_of(journal, workload)
-        store = open_delivery_store(url, base_dir=base, schema=schema)
+        store = open_delivery_store(url, base_dir=base, schema=schema, read_only=True)
         try:
             record = store.get(operation_id)
             children = store.children(operation_id) if record is None else []

@@ -138,6 +138,34 @@ def active_reservations(cur: Any, d: Dialect, receiver: str) -> int:
     return int(cur.fetchone()[0])
 
 
+def check_read_only_schema(current: int | None, *, schema_version: int, locator: str) -> None:
+    """Refuse a read-only open of a missing or not-yet-migrated control plane, clearly.
+
+    ``current`` is the recorded schema version, None when the version table is absent.
+    A read-only open never creates or migrates anything, so it can only read a control
+    plane already at this dpone's version.
+    """
+    if current is None or current == 0:
+        raise ConfigInvalid(
+            f"no control plane at {locator}: no delivery was ever recorded there",
+            field="journal",
+            hint="check the --journal URL / --schema (or the workload's journal)",
+        )
+    if current > schema_version:
+        raise ConfigInvalid(
+            f"the delivery store at {locator} has schema {current}, newer than this dpone "
+            f"({schema_version}); upgrade dpone",
+            field="journal",
+        )
+    if current < schema_version:
+        raise ConfigInvalid(
+            f"the delivery store at {locator} has schema {current}, older than this dpone "
+            f"({schema_version}); a read-only command does not migrate it, run "
+            "`dpone delivery resume` (or any writing command) once",
+            field="journal",
+        )
+
+
 def capacity_available(cur: Any, d: Dialect, receiver: str) -> bool:
     """True when ``receiver`` has no recorded limit or fewer held slots than it (no lock)."""
     cur.execute(
