@@ -441,3 +441,34 @@ def test_a_read_only_open_reads_and_creates_nothing(backend, tmp_path):
         assert store.get(record.operation_id) == record
     finally:
         reader.close()
+
+
+def test_a_conflicting_capacity_limit_is_refused_while_slots_are_held(backend):
+    """One receiver, one limit: another limit is refused (naming both) while a slot is
+    held, and nothing is registered; once idle, the new limit replaces the old one."""
+    _, store, _, _ = backend
+    first = _submit(store, _register(store, 60, limit=2))
+    with pytest.raises(ConfigInvalid) as conflict:
+        _register(store, 61, limit=3)
+    assert conflict.value.field == "capacity"
+    assert "capacity limit 2" in conflict.value.message
+    assert "capacity 3" in conflict.value.message
+    assert store.get(_op(61)) is None
+    second = _register(store, 61, limit=2)  # the same limit is fine
+    assert _register(store, 62) is not None  # no limit declared: the recorded one holds
+    _submit(store, second)
+    with pytest.raises(DeliveryCapacityFull):
+        _submit(store, _register(store, 62))
+    for record in (store.get(_op(60)), store.get(_op(61))):
+        store.advance(
+            operation_id=record.operation_id,
+            expected_version=record.version,
+            step=DeliveryStep(to_state=D.RETRY_WAIT, attempt_outcome="refused", due_in_s=0.0),
+            actor="test",
+        )
+    assert first.state is D.SUBMITTING
+    assert store.active_reservations(RECEIVER) == 0
+    _register(store, 63, limit=1)  # idle: a configuration change takes effect
+    _submit(store, store.get(_op(62)))
+    with pytest.raises(DeliveryCapacityFull):
+        _submit(store, store.get(_op(63)))

@@ -178,6 +178,47 @@ def capacity_available(cur: Any, d: Dialect, receiver: str) -> bool:
     return active_reservations(cur, d, receiver) < int(row[0])
 
 
+def _set_limit(cur: Any, d: Dialect, receiver: str, limit: int) -> None:
+    """Record ``receiver``'s capacity limit; refuse a different one while slots are held.
+
+    One limit per receiver: two workloads declaring different limits for one receiver
+    is a configuration conflict, refused by name (last-writer-wins would let either
+    one exceed the other's limit). While no slot is held the new limit replaces the
+    old one, so changing a workload's ``capacity`` takes effect once the receiver is
+    idle (in the control plane's view). The receiver's row is locked first, as for a
+    reservation, so the check and the write cannot interleave with one.
+    """
+    cur.execute(
+        d.q(
+            "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
+            "VALUES (?, ?) ON CONFLICT (receiver) DO NOTHING"
+        ),
+        (receiver, limit),
+    )
+    cur.execute(
+        d.q("SELECT capacity_limit FROM {p}dpone_delivery_receivers WHERE receiver = ?")
+        + d.for_update,
+        (receiver,),
+    )
+    current = cur.fetchone()[0]
+    if current == limit:
+        return
+    held = active_reservations(cur, d, receiver)
+    if current is not None and held > 0:
+        raise ConfigInvalid(
+            f"the receiver {receiver} has capacity limit {current} recorded and {held} "
+            f"slot(s) in use; this delivery declares capacity {limit}. One receiver has "
+            "one limit: give every workload that delivers there the same capacity",
+            field="capacity",
+            hint=f"set capacity: {current} (or change all of them while the receiver is "
+            "idle); `dpone delivery resume` continues a recorded delivery as it is",
+        )
+    cur.execute(
+        d.q("UPDATE {p}dpone_delivery_receivers SET capacity_limit = ? WHERE receiver = ?"),
+        (limit, receiver),
+    )
+
+
 def register(
     cur: Any,
     d: Dialect,
@@ -200,14 +241,7 @@ def register(
     out: list[DeliveryRecord] = []
     for reg in registrations:
         if capacity_limit is not None:
-            cur.execute(
-                d.q(
-                    "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
-                    "VALUES (?, ?) ON CONFLICT (receiver) "
-                    "DO UPDATE SET capacity_limit = excluded.capacity_limit"
-                ),
-                (reg.receiver, capacity_limit),
-            )
+            _set_limit(cur, d, reg.receiver, capacity_limit)
         existing = read(cur, d, reg.operation_id, lock=True)
         if existing is None:
             created = _insert(cur, d, reg, actor=actor)
