@@ -344,7 +344,14 @@ class ResumableDeliveryProcessor:
         return self._drive(record, must_observe=False)
 
     def resume(self, operation_id: str) -> DeliveryResult:
-        """Continue a recorded delivery (or split parent): observe now, else go on."""
+        """Continue a recorded delivery (or split parent): observe now, else go on.
+
+        Raises:
+            DeliveryCredentialRefused: the receiver refused the credential on the status
+                request; the delivery stays ACCEPTED (receipt and slot kept), retry later.
+            ReceiverUnavailable, DeliveryCapacityFull: nothing decided now, retry later.
+
+        """
         record = self._store.get(operation_id)
         if record is None:
             if self._store.children(operation_id):
