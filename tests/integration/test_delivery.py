@@ -398,6 +398,26 @@ def test_a_capacity_wait_uploads_nothing_until_a_slot_is_free(receiver, store, t
     assert uploads.count(first.operation_id) == 1
 
 
+def test_a_changed_payload_blocks_without_a_slot_even_at_full_capacity(receiver, store, tmp_path):
+    """Nothing was sent: the changed payload blocks (not CAPACITY_FULL) and takes no slot."""
+    receiver.set_faults(job_duration_s=30.0)
+    proc = _processor(store)
+    first = _request(receiver, _payload(tmp_path), limit=1)
+    assert isinstance(proc.deliver(first), DeliveryPending)
+    path = _payload(tmp_path)
+    second = _request(receiver, path, limit=1)
+    with pytest.raises(DeliveryCapacityFull):
+        proc.deliver(second)
+    path.write_text('{"id": "changed"}\n')
+    blocked = proc.resume(second.operation_id)
+    assert isinstance(blocked, DeliveryBlocked)
+    assert blocked.reason is BlockReason.PAYLOAD_CHANGED
+    assert store.active_reservations(_receiver_id(receiver)) == 1  # the first job's only
+    receiver.cancel(store.get(first.operation_id).receipt)
+    assert isinstance(proc.resume(first.operation_id), DeliveryBlocked)
+    assert store.active_reservations(_receiver_id(receiver)) == 0
+
+
 def test_intent_conflict_and_changed_payload(receiver, store, tmp_path):
     """Another payload under the same operation: IntentConflict; a changed file: blocked."""
     proc = _processor(store)

@@ -185,9 +185,17 @@ def _set_limit(cur: Any, d: Dialect, receiver: str, limit: int) -> None:
     is a configuration conflict, refused by name (last-writer-wins would let either
     one exceed the other's limit). While no slot is held the new limit replaces the
     old one, so changing a workload's ``capacity`` takes effect once the receiver is
-    idle (in the control plane's view). The receiver's row is locked first, as for a
-    reservation, so the check and the write cannot interleave with one.
+    idle (in the control plane's view). The same limit again takes no lock; another one
+    locks the receiver's row first, as a reservation does, so the check and the write
+    cannot interleave with one.
     """
+    cur.execute(
+        d.q("SELECT capacity_limit FROM {p}dpone_delivery_receivers WHERE receiver = ?"),
+        (receiver,),
+    )
+    row = cur.fetchone()
+    if row is not None and row[0] == limit:
+        return
     cur.execute(
         d.q(
             "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
