@@ -5,10 +5,12 @@ minutes, the worker process spends at most 5 s of CPU and of wall time after the
 initial submission. Measured with the reference receiver on loopback and the SQLite
 control plane, two shapes side by side on two jobs of the same length:
 
-- deferred (what the Airflow operator will do): a worker process submits and returns
-  ``DeliveryPending`` at once; nobody runs in the worker while the job runs (the
-  trigger observes; here the benchmark just sleeps); after the job ended a second
-  worker process runs ``dpone delivery resume`` (the ``execute_complete`` step).
+- deferred (the shape of the Airflow operator, ``DponeDeliveryOperator``, without
+  Airflow; ``bench/bench_delivery_airflow.py`` measures it in a real Airflow): a
+  worker process submits and returns ``DeliveryPending`` at once; nobody runs in the
+  worker while the job runs (there the trigger observes; here the benchmark just
+  sleeps); after the job ended a second worker process runs ``dpone delivery
+  resume`` (the ``execute_complete`` step).
   Worker time after submission = the rest of the first process after its submit
   returned + the whole second process.
 - blocking: one worker process polls every 5 s until the job ends (CLI without a

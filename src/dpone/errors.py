@@ -27,6 +27,7 @@
     +-- ReceiverUnavailable          DPONE_DELIVERY_RECEIVER_UNAVAILABLE  TRANSIENT
     +-- DeliveryCapacityFull         DPONE_DELIVERY_CAPACITY_FULL         TRANSIENT
     +-- DeliveryRejected             DPONE_DELIVERY_REJECTED              TERMINAL
+    +-- DeliveryCredentialRefused    DPONE_DELIVERY_CREDENTIAL_REFUSED    TRANSIENT
     +-- AuditFailed                  DPONE_AUDIT_FAILED                   TERMINAL
     +-- RunKeyConflict               DPONE_RUN_KEY_CONFLICT               TERMINAL
     +-- ObjectStoreUnavailable       DPONE_OBJECT_STORE_UNAVAILABLE       TRANSIENT
@@ -50,6 +51,7 @@ __all__ = [
     "CommittedIncomplete",
     "ConfigInvalid",
     "DeliveryCapacityFull",
+    "DeliveryCredentialRefused",
     "DeliveryRejected",
     "DponeError",
     "ErrorCode",
@@ -108,6 +110,7 @@ class ErrorCode(str, enum.Enum):
     RECEIVER_UNAVAILABLE = "DPONE_DELIVERY_RECEIVER_UNAVAILABLE"
     DELIVERY_CAPACITY_FULL = "DPONE_DELIVERY_CAPACITY_FULL"
     DELIVERY_REJECTED = "DPONE_DELIVERY_REJECTED"
+    DELIVERY_CREDENTIAL_REFUSED = "DPONE_DELIVERY_CREDENTIAL_REFUSED"
     AUDIT_FAILED = "DPONE_AUDIT_FAILED"
     RUN_KEY_CONFLICT = "DPONE_RUN_KEY_CONFLICT"
     OBJECT_STORE_UNAVAILABLE = "DPONE_OBJECT_STORE_UNAVAILABLE"
@@ -397,6 +400,18 @@ class DeliveryRejected(DponeError):
 
     code = ErrorCode.DELIVERY_REJECTED
     retryability = Retryability.TERMINAL
+
+
+class DeliveryCredentialRefused(DponeError):
+    """The receiver refused the credentials on a read-only status request (HTTP 401/403).
+
+    Nothing was decided: the remote job is untouched and its receipt stays recorded, so
+    the delivery keeps waiting; fix or finish rotating the credential and run it again.
+    The message names the credential reference, never its value.
+    """
+
+    code = ErrorCode.DELIVERY_CREDENTIAL_REFUSED
+    retryability = Retryability.TRANSIENT
 
 
 class AuditFailed(DponeError):

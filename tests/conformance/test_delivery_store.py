@@ -20,10 +20,12 @@ from dpone.contracts.delivery import (
     RemoteStatus,
 )
 from dpone.errors import (
+    ConfigInvalid,
     DeliveryCapacityFull,
     IllegalTransition,
     IntentConflict,
     JournalConflict,
+    JournalUnavailable,
     OperationNotFound,
     RecoveryConflict,
     RecoveryRefused,
@@ -215,6 +217,43 @@ def test_capacity_is_reserved_with_the_attempt_and_released_at_terminal(backend)
     assert store.active_reservations(RECEIVER) == 1  # unknown work keeps its slot
 
 
+def test_a_delivery_blocked_before_sending_takes_no_slot(backend):
+    """STAGED or RETRY_WAIT -> BLOCKED (nothing sent) never reserves, even at full capacity."""
+    _, store, _, _ = backend
+    holder = _submit(store, _register(store, 15, limit=1))
+    assert store.active_reservations(RECEIVER) == 1
+    staged = _register(store, 16, limit=1)
+    blocked = store.advance(
+        operation_id=staged.operation_id,
+        expected_version=staged.version,
+        step=DeliveryStep(to_state=D.BLOCKED, block_reason=BlockReason.PAYLOAD_CHANGED),
+        actor="test",
+    )
+    assert blocked.state is D.BLOCKED
+    assert store.active_reservations(RECEIVER) == 1
+    waiting = store.advance(
+        operation_id=holder.operation_id,
+        expected_version=holder.version,
+        step=DeliveryStep(to_state=D.RETRY_WAIT, attempt_outcome="refused", due_in_s=0.0),
+        actor="test",
+    )
+    assert store.active_reservations(RECEIVER) == 0
+    store.advance(
+        operation_id=waiting.operation_id,
+        expected_version=waiting.version,
+        step=DeliveryStep(to_state=D.BLOCKED, block_reason=BlockReason.PAYLOAD_CHANGED),
+        actor="test",
+    )
+    assert store.active_reservations(RECEIVER) == 0
+    with pytest.raises(RecoveryRefused):  # no slot to give back
+        store.release_capacity(
+            operation_id=blocked.operation_id,
+            expected_version=blocked.version,
+            principal="ops",
+            reason="nothing was sent",
+        )
+
+
 def test_a_second_receipt_for_one_key_is_a_conflict(backend):
     """Recording another receipt than the one on file fails and writes nothing."""
     _, store, _, _ = backend
@@ -369,3 +408,67 @@ def test_operator_releases_a_blocked_slot_with_an_audit_record(backend):
             principal="ops",
             reason="again",
         )
+
+
+def test_a_read_only_open_reads_and_creates_nothing(backend, tmp_path):
+    """read_only: reads a control plane; a missing one is "no control plane at", none made."""
+    name, store, locator, schema = backend
+    record = _register(store, 50)
+    if name == "sqlite":
+        from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
+
+        with pytest.raises(ConfigInvalid, match="no control plane at"):
+            SqliteDeliveryStore(tmp_path / "typo" / "x.db", read_only=True)
+        assert not (tmp_path / "typo").exists()
+        reader = SqliteDeliveryStore(locator, read_only=True)
+    else:
+        import psycopg
+
+        from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
+
+        with pytest.raises(ConfigInvalid, match="no control plane at"):
+            PostgresDeliveryStore(locator, schema=f"{schema}_typo", read_only=True)
+        with psycopg.connect(locator) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = %s", (f"{schema}_typo",)
+            ).fetchone()
+        assert found is None
+        reader = PostgresDeliveryStore(locator, schema=schema, read_only=True)
+    try:
+        assert reader.get(record.operation_id) == record
+        with pytest.raises(JournalUnavailable):
+            _submit(reader, record)
+        assert store.get(record.operation_id) == record
+    finally:
+        reader.close()
+
+
+def test_a_conflicting_capacity_limit_is_refused_while_slots_are_held(backend):
+    """One receiver, one limit: another limit is refused (naming both) while a slot is
+    held, and nothing is registered; once idle, the new limit replaces the old one."""
+    _, store, _, _ = backend
+    first = _submit(store, _register(store, 60, limit=2))
+    with pytest.raises(ConfigInvalid) as conflict:
+        _register(store, 61, limit=3)
+    assert conflict.value.field == "capacity"
+    assert "capacity limit 2" in conflict.value.message
+    assert "capacity 3" in conflict.value.message
+    assert store.get(_op(61)) is None
+    second = _register(store, 61, limit=2)  # the same limit is fine
+    assert _register(store, 62) is not None  # no limit declared: the recorded one holds
+    _submit(store, second)
+    with pytest.raises(DeliveryCapacityFull):
+        _submit(store, _register(store, 62))
+    for record in (store.get(_op(60)), store.get(_op(61))):
+        store.advance(
+            operation_id=record.operation_id,
+            expected_version=record.version,
+            step=DeliveryStep(to_state=D.RETRY_WAIT, attempt_outcome="refused", due_in_s=0.0),
+            actor="test",
+        )
+    assert first.state is D.SUBMITTING
+    assert store.active_reservations(RECEIVER) == 0
+    _register(store, 63, limit=1)  # idle: a configuration change takes effect
+    _submit(store, store.get(_op(62)))
+    with pytest.raises(DeliveryCapacityFull):
+        _submit(store, store.get(_op(63)))

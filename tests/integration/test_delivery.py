@@ -28,6 +28,8 @@ from dpone.contracts.delivery import (
 from dpone.errors import (
     ConfigInvalid,
     DeliveryCapacityFull,
+    DeliveryCredentialRefused,
+    DeliveryRejected,
     InjectedFault,
     IntentConflict,
     ReceiverUnavailable,
@@ -365,6 +367,57 @@ def test_capacity_limit_is_held_until_terminal(receiver, store, tmp_path):
     assert isinstance(proc.resume(second.operation_id), DeliveryCompleted)
 
 
+def test_a_capacity_wait_uploads_nothing_until_a_slot_is_free(receiver, store, tmp_path):
+    """Waiting for a slot (wait budget, polling) uploads nothing; once free, one upload."""
+    uploads: list[str] = []
+
+    class Counting(RestDeliverySink):
+        def upload(self, *, operation_id, payload):
+            uploads.append(operation_id)
+            super().upload(operation_id=operation_id, payload=payload)
+
+    receiver.set_faults(job_duration_s=30.0)
+    policy = DeliveryPolicy(poll_interval_s=0.05, wait_budget_s=0.5)
+    proc = ResumableDeliveryProcessor(
+        store=store,
+        sink_factory=lambda url, ref: Counting(url, credential_ref=ref, timeout_s=5.0),
+        policy=policy,
+    )
+    _OPEN.append(proc)
+    first = _request(receiver, _payload(tmp_path), limit=1)
+    assert isinstance(proc.deliver(first), DeliveryPending)
+    second = _request(receiver, _payload(tmp_path), limit=1)
+    with pytest.raises(DeliveryCapacityFull):
+        proc.deliver(second)
+    assert uploads.count(second.operation_id) == 0
+    receiver.cancel(store.get(first.operation_id).receipt)
+    assert isinstance(proc.resume(first.operation_id), DeliveryBlocked)
+    receiver.set_faults(job_duration_s=0.0)
+    assert isinstance(proc.resume(second.operation_id), DeliveryCompleted)
+    assert uploads.count(second.operation_id) == 1
+    assert uploads.count(first.operation_id) == 1
+
+
+def test_a_changed_payload_blocks_without_a_slot_even_at_full_capacity(receiver, store, tmp_path):
+    """Nothing was sent: the changed payload blocks (not CAPACITY_FULL) and takes no slot."""
+    receiver.set_faults(job_duration_s=30.0)
+    proc = _processor(store)
+    first = _request(receiver, _payload(tmp_path), limit=1)
+    assert isinstance(proc.deliver(first), DeliveryPending)
+    path = _payload(tmp_path)
+    second = _request(receiver, path, limit=1)
+    with pytest.raises(DeliveryCapacityFull):
+        proc.deliver(second)
+    path.write_text('{"id": "changed"}\n')
+    blocked = proc.resume(second.operation_id)
+    assert isinstance(blocked, DeliveryBlocked)
+    assert blocked.reason is BlockReason.PAYLOAD_CHANGED
+    assert store.active_reservations(_receiver_id(receiver)) == 1  # the first job's only
+    receiver.cancel(store.get(first.operation_id).receipt)
+    assert isinstance(proc.resume(first.operation_id), DeliveryBlocked)
+    assert store.active_reservations(_receiver_id(receiver)) == 0
+
+
 def test_intent_conflict_and_changed_payload(receiver, store, tmp_path):
     """Another payload under the same operation: IntentConflict; a changed file: blocked."""
     proc = _processor(store)
@@ -398,6 +451,43 @@ def test_receiver_restart_while_pending(receiver, store, tmp_path):
     time.sleep(0.3)
     assert isinstance(proc.resume(request.operation_id), DeliveryCompleted)
     assert receiver.jobs_created(request.operation_id) == 1
+
+
+def test_a_stale_token_on_a_status_request_keeps_the_delivery_waiting(
+    receiver, store, tmp_path, monkeypatch
+):
+    """401 on a status GET (token rotated mid-deferral): ACCEPTED, slot held, then completes."""
+    receiver.set_faults(job_duration_s=0.3)
+    proc = _processor(store)
+    request = _request(receiver, _payload(tmp_path), limit=1)
+    assert isinstance(proc.deliver(request), DeliveryPending)
+    before = store.get(request.operation_id)
+    monkeypatch.setenv(TOKEN_ENV, "stale-token")
+    with pytest.raises(DeliveryCredentialRefused) as refused:
+        proc.resume(request.operation_id)
+    assert refused.value.retryable
+    assert f"env:{TOKEN_ENV}" in refused.value.message
+    assert "stale-token" not in str(refused.value)
+    record = store.get(request.operation_id)
+    assert record.state is DeliveryState.ACCEPTED
+    assert record.receipt == before.receipt
+    assert record.next_check_at is not None
+    assert record.next_check_at > store.now()
+    assert store.active_reservations(_receiver_id(receiver)) == 1
+    monkeypatch.setenv(TOKEN_ENV, RECEIVER_TOKEN)
+    time.sleep(0.35)
+    assert isinstance(proc.resume(request.operation_id), DeliveryCompleted)
+    assert receiver.jobs_created(request.operation_id) == 1
+    assert store.active_reservations(_receiver_id(receiver)) == 0
+
+
+def test_an_unknown_receipt_is_rejected_not_retried(receiver):
+    """404 on the status GET is not a credential problem: it stays terminal (receipt_unknown)."""
+    sink = RestDeliverySink(receiver.url, credential_ref=f"env:{TOKEN_ENV}")
+    with pytest.raises(DeliveryRejected) as unknown:
+        sink.observe(receipt="job_" + "0" * 32)
+    assert not isinstance(unknown.value, DeliveryCredentialRefused)
+    sink.close()
 
 
 def test_duplicate_observers_are_harmless(receiver, store, tmp_path):

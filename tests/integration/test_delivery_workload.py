@@ -493,6 +493,58 @@ def test_postgres_control_plane_and_journal(receiver, tmp_path, pg_available, pg
     assert receiver.jobs_created(result.operation_id) == 1
 
 
+def test_operator_commands_use_the_workloads_journal_schema_on_postgres(
+    receiver, tmp_path, pg_available, pg_schema
+):
+    """status / reconcile / release-capacity find a non-default journal_schema by -w, and
+    by --journal with --schema; without the schema they find no control plane."""
+    receiver.set_faults(job_duration_s=0.05, drop_response_after_accept=1, key_lookup=False)
+    path = _workload(tmp_path, receiver.url, journal=pg_available)
+    path.write_text(path.read_text() + f"journal_schema: {pg_schema}\n")
+    with Runner(path) as runner:
+        blocked = runner.deliver(interval=DAY1)
+    assert isinstance(blocked, DeliveryBlocked)
+    op = blocked.operation_id
+    env = {
+        "DPONE_TEST_RECEIVER_TOKEN": RECEIVER_TOKEN,
+        "DPONE_PRINCIPAL": "ops",
+        "DPONE_DELIVERY_OPERATORS": "ops",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_dpone(
+            ["delivery", *args, "--operation-id", op, "--json"], cwd=tmp_path, env=env, timeout=60
+        )
+
+    by_workload = cli("status", "-w", str(path))
+    assert by_workload.returncode == 0, by_workload.stdout + by_workload.stderr
+    seen = json.loads(by_workload.stdout)
+    assert (seen["state"], seen["capacity_held_at_receiver"]) == ("BLOCKED", 1)
+    by_url = cli("status", "--journal", pg_available, "--schema", pg_schema)
+    assert by_url.returncode == 0, by_url.stdout + by_url.stderr
+    assert json.loads(by_url.stdout)["version"] == seen["version"]
+    default = cli("status", "--journal", pg_available)  # schema "dpone": not this one
+    assert json.loads(default.stdout)["error"]["code"] in (
+        "DPONE_CONFIG_INVALID",  # no control plane in "dpone"
+        "DPONE_OPERATION_NOT_FOUND",  # another test's control plane in "dpone"
+    )
+    refused = cli("reconcile", "-w", str(path))
+    assert json.loads(refused.stdout)["error"]["code"] == "DPONE_RECOVERY_REFUSED"
+    released = cli(
+        "release-capacity",
+        "-w",
+        str(path),
+        "--expected-version",
+        str(seen["version"]),
+        "--reason",
+        "checked at the receiver",
+    )
+    assert released.returncode == 0, released.stdout + released.stderr
+    body = json.loads(released.stdout)
+    assert body["capacity_held_at_receiver"] == 0
+    assert body["audit"][0]["principal"] == "ops"
+
+
 def test_an_empty_interval_of_a_split_workload_is_one_empty_job(receiver, tmp_path):
     """No rows in the interval: one empty job (nothing to split), checkpoint promoted."""
     receiver.set_faults(job_duration_s=0.05)

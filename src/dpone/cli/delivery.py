@@ -28,6 +28,14 @@ WorkloadOpt = Annotated[
     Path | None,
     typer.Option("--workload", "-w", help="Workload file: its journal (URL and schema) is used."),
 ]
+SchemaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help="PostgreSQL schema of the journal (default: the workload's journal_schema, "
+        "else dpone; ignored for SQLite).",
+    ),
+]
 
 
 def _journal_url(journal: str | None) -> str:
@@ -137,6 +145,7 @@ def status(
     operation_id: OperationOpt,
     journal: JournalOpt = None,
     workload: WorkloadOpt = None,
+    schema_name: SchemaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a delivery: state, receipt, attempts, observations, capacity (read-only)."""
@@ -145,8 +154,8 @@ def status(
     from dpone.errors import OperationNotFound
 
     with _boundary(as_json):
-        url, base, schema = _journal_of(journal, workload)
-        store = open_delivery_store(url, base_dir=base, schema=schema)
+        url, base, schema = _journal_of(journal, workload, schema_name)
+        store = open_delivery_store(url, base_dir=base, schema=schema, read_only=True)
         try:
             record = store.get(operation_id)
             children = store.children(operation_id) if record is None else []
@@ -225,6 +234,7 @@ def send(
         Path, typer.Option(help="Where payloads are staged (content-addressed copies).")
     ] = Path(".dpone/staging"),
     journal: JournalOpt = None,
+    schema_name: SchemaOpt = None,
     poll_budget: Annotated[
         float, typer.Option(min=0.0, help="Seconds to keep observing a running job.")
     ] = 0.0,
@@ -272,7 +282,8 @@ def send(
         intent = delivery_intent_digest(
             payload=staged, receiver=target, pack_fingerprint=f"cli:{workload_id}"
         )
-        proc = open_delivery_processor(_journal_url(journal), base_dir=Path.cwd(), policy=policy)
+        url, base, schema = _journal_of(journal, None, schema_name)
+        proc = open_delivery_processor(url, base_dir=base, policy=policy, schema=schema)
         try:
             if rows_per_child:
                 result = proc.deliver_parent(
@@ -310,6 +321,7 @@ def resume(
     operation_id: OperationOpt,
     journal: JournalOpt = None,
     workload: WorkloadOpt = None,
+    schema_name: SchemaOpt = None,
     poll_budget: Annotated[
         float, typer.Option(min=0.0, help="Seconds to keep observing a running job.")
     ] = 0.0,
@@ -334,7 +346,7 @@ def resume(
 
     policy = DeliveryPolicy(poll_interval_s=poll_interval, wait_budget_s=wait_budget)
     with _boundary(as_json):
-        url, base, schema = _journal_of(journal, workload)
+        url, base, schema = _journal_of(journal, workload, schema_name)
         service, journal_port = open_delivery_service(
             url, base_dir=base, policy=policy, schema=schema
         )
@@ -349,14 +361,22 @@ def resume(
     raise typer.Exit(print_result(result, as_json=as_json))
 
 
-def _journal_of(journal: str | None, workload: Path | None) -> tuple[str, Path, str]:
-    """The journal URL, its base directory and schema: --journal, else the workload's."""
-    if journal is not None or workload is None:
-        return _journal_url(journal), Path.cwd(), "dpone"
+def _journal_of(
+    journal: str | None, workload: Path | None, schema: str | None = None
+) -> tuple[str, Path, str]:
+    """The journal URL, its base directory and schema, the same way for every command.
+
+    The URL is --journal, else the workload's journal, else $DPONE_JOURNAL or .dpone;
+    the schema is --schema, else the workload's journal_schema, else "dpone".
+    """
+    if workload is None:
+        return _journal_url(journal), Path.cwd(), schema or "dpone"
     from dpone.config.workload import load_workload
 
     loaded = load_workload(workload)
-    return loaded.journal_url(), loaded.base_dir, loaded.journal_schema
+    if journal is not None:
+        return journal, Path.cwd(), schema or loaded.journal_schema
+    return loaded.journal_url(), loaded.base_dir, schema or loaded.journal_schema
 
 
 @delivery_app.command("reconcile")
@@ -364,6 +384,7 @@ def reconcile(
     operation_id: OperationOpt,
     journal: JournalOpt = None,
     workload: WorkloadOpt = None,
+    schema_name: SchemaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Ask the receiver what happened to an unanswered submit (key lookup); never submits."""
@@ -372,7 +393,7 @@ def reconcile(
     from dpone.contracts.delivery import DeliveryState
 
     with _boundary(as_json):
-        url, base, schema = _journal_of(journal, workload)
+        url, base, schema = _journal_of(journal, workload, schema_name)
         proc = open_delivery_processor(url, base_dir=base, schema=schema)
         try:
             record = proc.reconcile(operation_id)
@@ -396,6 +417,8 @@ def release_capacity(
     expected_version: Annotated[int, typer.Option(help="The version status showed.")],
     reason: Annotated[str, typer.Option(help="Why; recorded in the audit log.")],
     journal: JournalOpt = None,
+    workload: WorkloadOpt = None,
+    schema_name: SchemaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Give a BLOCKED delivery's capacity slot back (audited; the delivery stays BLOCKED).
@@ -418,7 +441,8 @@ def release_capacity(
                 operation_id=operation_id,
                 hint="list the principal in DPONE_DELIVERY_OPERATORS (comma-separated)",
             )
-        store = open_delivery_store(_journal_url(journal), base_dir=Path.cwd())
+        url, base, schema = _journal_of(journal, workload, schema_name)
+        store = open_delivery_store(url, base_dir=base, schema=schema)
         try:
             record = store.release_capacity(
                 operation_id=operation_id,

@@ -61,23 +61,27 @@ __all__ = [
 
 
 def open_delivery_store(
-    journal: str, *, base_dir: Path, schema: str = "dpone"
+    journal: str, *, base_dir: Path, schema: str = "dpone", read_only: bool = False
 ) -> DeliveryStorePort:
     """Open the delivery control plane in the journal's database.
 
     ``sqlite:///path`` (embedded default) or ``postgresql://...`` (production; the
     tables go into the journal's ``schema``). Its tables and schema version are its
-    own, so it shares the journal's database safely.
+    own, so it shares the journal's database safely. ``read_only`` (commands that only
+    look) creates, migrates and writes nothing.
 
     Raises:
-        ConfigInvalid: another URL scheme, or the postgres extra is missing.
+        ConfigInvalid: another URL scheme, the postgres extra is missing, or (read-only)
+            no control plane exists there.
 
     """
     if journal.startswith("sqlite:"):
         from dpone.adapters.delivery.sqlite_store import SqliteDeliveryStore
         from dpone.config.workload import resolve_sqlite_url
 
-        return SqliteDeliveryStore(resolve_sqlite_url(journal, base_dir=base_dir, field="journal"))
+        return SqliteDeliveryStore(
+            resolve_sqlite_url(journal, base_dir=base_dir, field="journal"), read_only=read_only
+        )
     if journal.startswith(("postgresql://", "postgres://")):
         try:
             from dpone.adapters.delivery.postgres_store import PostgresDeliveryStore
@@ -86,7 +90,7 @@ def open_delivery_store(
                 "a PostgreSQL control plane needs psycopg: install dpone[postgres]",
                 field="journal",
             ) from exc
-        return PostgresDeliveryStore(journal, schema=schema)
+        return PostgresDeliveryStore(journal, schema=schema, read_only=read_only)
     raise ConfigInvalid(
         "the delivery control plane needs a sqlite:/// or postgresql:// journal URL",
         field="journal",

@@ -111,7 +111,10 @@ DELIVERY_TRANSITIONS: Mapping[DeliveryState, frozenset[DeliveryState]] = {
     D.BLOCKED: frozenset(),
 }
 
-#: States in which the delivery holds one capacity slot of its receiver.
+#: States in which the delivery may hold one capacity slot of its receiver. A slot is
+#: taken only on the move to SUBMITTING (the start of an attempt) and kept through these
+#: states; a delivery blocked before anything was sent (STAGED or RETRY_WAIT -> BLOCKED)
+#: holds none.
 CAPACITY_HOLDING: frozenset[DeliveryState] = frozenset(
     {D.SUBMITTING, D.SUBMIT_UNKNOWN, D.ACCEPTED, D.BLOCKED}
 )

@@ -61,6 +61,7 @@ class DeliverySinkPort(Protocol):
         Raises:
             ReceiverUnavailable: no answer now.
             DeliveryRejected: the receiver does not know the receipt.
+            DeliveryCredentialRefused: the receiver refused the credential (retryable).
 
         """
         ...
@@ -183,6 +184,14 @@ class DeliveryStorePort(Protocol):
 
     def active_reservations(self, receiver: str) -> int:
         """Return how many capacity slots of ``receiver`` are held now."""
+        ...
+
+    def capacity_available(self, receiver: str) -> bool:
+        """Return True when ``receiver`` has no limit or a free slot now (a hint, no lock).
+
+        The reservation on the move to SUBMITTING stays the authority; this read only
+        lets a caller skip work (an upload) that a full receiver would waste.
+        """
         ...
 
     def now(self) -> float:

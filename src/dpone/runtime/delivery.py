@@ -50,6 +50,7 @@ from dpone.contracts.identity import derive_intent_digest, digest_of
 from dpone.errors import (
     ConfigInvalid,
     DeliveryCapacityFull,
+    DeliveryCredentialRefused,
     DeliveryRejected,
     IntentConflict,
     JournalConflict,
@@ -343,7 +344,14 @@ class ResumableDeliveryProcessor:
         return self._drive(record, must_observe=False)
 
     def resume(self, operation_id: str) -> DeliveryResult:
-        """Continue a recorded delivery (or split parent): observe now, else go on."""
+        """Continue a recorded delivery (or split parent): observe now, else go on.
+
+        Raises:
+            DeliveryCredentialRefused: the receiver refused the credential on the status
+                request; the delivery stays ACCEPTED (receipt and slot kept), retry later.
+            ReceiverUnavailable, DeliveryCapacityFull: nothing decided now, retry later.
+
+        """
         record = self._store.get(operation_id)
         if record is None:
             if self._store.children(operation_id):
@@ -543,7 +551,7 @@ class ResumableDeliveryProcessor:
             return self._reread(record.operation_id)
 
     def _begin_and_submit(self, record: DeliveryRecord, waits: _Budget) -> DeliveryRecord:
-        """Check the payload authority, upload, then reserve + attempt + SUBMITTING, submit."""
+        """Check the payload authority and free capacity, upload, reserve + SUBMITTING, submit."""
         if _file_digest(record.payload.path) != record.payload.digest:
             return self._advance(
                 record,
@@ -552,6 +560,16 @@ class ResumableDeliveryProcessor:
                     block_reason=BlockReason.PAYLOAD_CHANGED,
                     detail="staged payload digest differs from the recorded one",
                 ),
+            )
+        if record.state in (D.STAGED, D.RETRY_WAIT) and not self._store.capacity_available(
+            record.receiver
+        ):
+            # holding no slot and none free: fail before uploading, not after (a capacity
+            # wait would otherwise re-upload the whole payload every poll interval)
+            raise DeliveryCapacityFull(
+                f"all capacity slots of {record.receiver} are held by active jobs",
+                operation_id=record.operation_id,
+                state=record.state.value,
             )
         sink = self._sink(record)
         while True:
@@ -723,6 +741,24 @@ class ResumableDeliveryProcessor:
                     detail="status request unanswered",
                 ),
             )
+        except DeliveryCredentialRefused as exc:
+            # a refused credential on a read-only GET decides nothing about the job (a
+            # token rotated mid-deferral): keep the receipt and the slot, check again later
+            record = self._advance(
+                record,
+                DeliveryStep(
+                    to_state=D.ACCEPTED,
+                    next_check_in_s=self.policy.poll_interval_s,
+                    detail="status request refused the credential",
+                ),
+            )
+            raise DeliveryCredentialRefused(
+                exc.message,
+                operation_id=record.operation_id,
+                state=record.state.value,
+                journal_version=record.version,
+                recovery_ref=delivery_recovery_ref(record.operation_id),
+            ) from None
         except DeliveryRejected as exc:
             return self._advance(
                 record,

@@ -138,6 +138,95 @@ def active_reservations(cur: Any, d: Dialect, receiver: str) -> int:
     return int(cur.fetchone()[0])
 
 
+def check_read_only_schema(current: int | None, *, schema_version: int, locator: str) -> None:
+    """Refuse a read-only open of a missing or not-yet-migrated control plane, clearly.
+
+    ``current`` is the recorded schema version, None when the version table is absent.
+    A read-only open never creates or migrates anything, so it can only read a control
+    plane already at this dpone's version.
+    """
+    if current is None or current == 0:
+        raise ConfigInvalid(
+            f"no control plane at {locator}: no delivery was ever recorded there",
+            field="journal",
+            hint="check the --journal URL / --schema (or the workload's journal)",
+        )
+    if current > schema_version:
+        raise ConfigInvalid(
+            f"the delivery store at {locator} has schema {current}, newer than this dpone "
+            f"({schema_version}); upgrade dpone",
+            field="journal",
+        )
+    if current < schema_version:
+        raise ConfigInvalid(
+            f"the delivery store at {locator} has schema {current}, older than this dpone "
+            f"({schema_version}); a read-only command does not migrate it, run "
+            "`dpone delivery resume` (or any writing command) once",
+            field="journal",
+        )
+
+
+def capacity_available(cur: Any, d: Dialect, receiver: str) -> bool:
+    """True when ``receiver`` has no recorded limit or fewer held slots than it (no lock)."""
+    cur.execute(
+        d.q("SELECT capacity_limit FROM {p}dpone_delivery_receivers WHERE receiver = ?"),
+        (receiver,),
+    )
+    row = cur.fetchone()
+    if row is None or row[0] is None:
+        return True
+    return active_reservations(cur, d, receiver) < int(row[0])
+
+
+def _set_limit(cur: Any, d: Dialect, receiver: str, limit: int) -> None:
+    """Record ``receiver``'s capacity limit; refuse a different one while slots are held.
+
+    One limit per receiver: two workloads declaring different limits for one receiver
+    is a configuration conflict, refused by name (last-writer-wins would let either
+    one exceed the other's limit). While no slot is held the new limit replaces the
+    old one, so changing a workload's ``capacity`` takes effect once the receiver is
+    idle (in the control plane's view). The same limit again takes no lock; another one
+    locks the receiver's row first, as a reservation does, so the check and the write
+    cannot interleave with one.
+    """
+    cur.execute(
+        d.q("SELECT capacity_limit FROM {p}dpone_delivery_receivers WHERE receiver = ?"),
+        (receiver,),
+    )
+    row = cur.fetchone()
+    if row is not None and row[0] == limit:
+        return
+    cur.execute(
+        d.q(
+            "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
+            "VALUES (?, ?) ON CONFLICT (receiver) DO NOTHING"
+        ),
+        (receiver, limit),
+    )
+    cur.execute(
+        d.q("SELECT capacity_limit FROM {p}dpone_delivery_receivers WHERE receiver = ?")
+        + d.for_update,
+        (receiver,),
+    )
+    current = cur.fetchone()[0]
+    if current == limit:
+        return
+    held = active_reservations(cur, d, receiver)
+    if current is not None and held > 0:
+        raise ConfigInvalid(
+            f"the receiver {receiver} has capacity limit {current} recorded and {held} "
+            f"slot(s) in use; this delivery declares capacity {limit}. One receiver has "
+            "one limit: give every workload that delivers there the same capacity",
+            field="capacity",
+            hint=f"set capacity: {current} (or change all of them while the receiver is "
+            "idle); `dpone delivery resume` continues a recorded delivery as it is",
+        )
+    cur.execute(
+        d.q("UPDATE {p}dpone_delivery_receivers SET capacity_limit = ? WHERE receiver = ?"),
+        (limit, receiver),
+    )
+
+
 def register(
     cur: Any,
     d: Dialect,
@@ -160,14 +249,7 @@ def register(
     out: list[DeliveryRecord] = []
     for reg in registrations:
         if capacity_limit is not None:
-            cur.execute(
-                d.q(
-                    "INSERT INTO {p}dpone_delivery_receivers (receiver, capacity_limit) "
-                    "VALUES (?, ?) ON CONFLICT (receiver) "
-                    "DO UPDATE SET capacity_limit = excluded.capacity_limit"
-                ),
-                (reg.receiver, capacity_limit),
-            )
+            _set_limit(cur, d, reg.receiver, capacity_limit)
         existing = read(cur, d, reg.operation_id, lock=True)
         if existing is None:
             created = _insert(cur, d, reg, actor=actor)
@@ -437,7 +519,9 @@ def _capacity(
         (before.operation_id,),
     )
     held = cur.fetchone()
-    if _rules.holds_capacity(after.state) and held is None:
+    # a slot is taken only when an attempt starts (SUBMITTING); any other move into a
+    # holding state (e.g. STAGED -> BLOCKED: nothing was sent) keeps what it holds
+    if after.state is DeliveryState.SUBMITTING and held is None:
         # the receiver's row is the lock every reserving transaction queues on
         cur.execute(
             d.q(

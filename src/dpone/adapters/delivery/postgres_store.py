@@ -202,7 +202,14 @@ class PostgresDeliveryStore:
 
     """
 
-    def __init__(self, dsn: str, *, schema: str = "dpone", connect_timeout_s: int = 5) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "dpone",
+        connect_timeout_s: int = 5,
+        read_only: bool = False,
+    ) -> None:
         if not isinstance(schema, str) or not _IDENTIFIER.fullmatch(schema):
             raise ConfigInvalid("the schema must be a plain identifier", field="schema")
         self._locator = _pg.pg_locator(dsn)
@@ -219,7 +226,11 @@ class PostgresDeliveryStore:
         self._conns: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._migrate()
+        self._read_only = read_only
+        if read_only:
+            self._check_read_only()
+        else:
+            self._migrate()
 
     @property
     def locator(self) -> str:
@@ -237,6 +248,8 @@ class PostgresDeliveryStore:
                 application_name="dpone-delivery",
             )
             conn.execute(f"SET lock_timeout = '{_LOCK_TIMEOUT}'")
+            if self._read_only:
+                conn.execute("SET default_transaction_read_only = on")
             self._local.conn = conn
             self._pid = os.getpid()
             with self._lock:
@@ -264,6 +277,25 @@ class PostgresDeliveryStore:
             conn = self._conn()
             with conn.transaction(), conn.cursor() as cur:
                 return work(cur)
+
+    def _check_read_only(self) -> None:
+        """Read the schema version without DDL; refuse a missing or stale control plane."""
+
+        def run(cur: Any) -> int | None:
+            cur.execute("SELECT to_regclass(%s)", (f'"{self._schema}".dpone_delivery_schema',))
+            if cur.fetchone()[0] is None:
+                return None
+            cur.execute(self._dialect.q("SELECT MAX(version) FROM {p}dpone_delivery_schema"))
+            return int(cur.fetchone()[0] or 0)
+
+        try:
+            current = self._tx("reading the delivery schema version", run)
+            _sql.check_read_only_schema(
+                current, schema_version=SCHEMA_VERSION, locator=self.locator
+            )
+        except DponeError:
+            self.close()
+            raise
 
     def _migrate(self) -> None:
         def run(cur: Any) -> None:
@@ -345,6 +377,13 @@ class PostgresDeliveryStore:
         return self._tx(
             "counting reservations",
             lambda cur: _sql.active_reservations(cur, self._dialect, receiver),
+        )
+
+    def capacity_available(self, receiver: str) -> bool:
+        """Return True when ``receiver`` has no limit or a free slot now (a hint, no lock)."""
+        return self._tx(
+            "reading capacity",
+            lambda cur: _sql.capacity_available(cur, self._dialect, receiver),
         )
 
     def register(

@@ -37,7 +37,13 @@ from dpone.contracts.delivery import (
     SubmitRefused,
 )
 from dpone.contracts.fence import FenceCapability
-from dpone.errors import ConfigInvalid, DeliveryRejected, ReceiverUnavailable, SourceInvalid
+from dpone.errors import (
+    ConfigInvalid,
+    DeliveryCredentialRefused,
+    DeliveryRejected,
+    ReceiverUnavailable,
+    SourceInvalid,
+)
 
 __all__ = ["KIND", "RestDeliverySink", "check_credential_ref", "normalize_receiver_url"]
 
@@ -305,8 +311,11 @@ class RestDeliverySink:
         if response.status_code == 404:
             raise DeliveryRejected(f"the receiver does not know the receipt {receipt}")
         if response.status_code in (401, 403):
-            raise DeliveryRejected(
-                f"the receiver refused the credentials (HTTP {response.status_code})"
+            # a status GET decides nothing: a stale or rotating credential is retryable
+            raise DeliveryCredentialRefused(
+                f"the receiver refused the credential {self._cred or '(none)'} on a "
+                f"status request (HTTP {response.status_code}); the delivery keeps its "
+                "receipt, fix the credential and run it again"
             )
         raise self._unavailable(f"status request (HTTP {response.status_code})")
 

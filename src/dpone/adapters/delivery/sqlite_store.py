@@ -191,10 +191,15 @@ class SqliteDeliveryStore:
         path: the database file; its directory is created when missing.
         busy_timeout_s: how long a write waits for another writer before
             ``JournalUnavailable``.
+        read_only: for commands that only look (``status``): open the file with
+            ``mode=ro``, never create a directory, file or table, never migrate; a
+            missing control plane is ``ConfigInvalid`` ("no control plane at ...").
 
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout_s: float = 10.0, read_only: bool = False
+    ) -> None:
         if str(path) in ("", ":memory:"):
             raise ConfigInvalid("the delivery store needs a file path", field="journal")
         self._path = Path(path).expanduser().resolve()
@@ -203,6 +208,17 @@ class SqliteDeliveryStore:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._read_only = read_only
+        if read_only:
+            if not self._path.is_file():
+                raise ConfigInvalid(
+                    f"no control plane at {self.locator}: the file does not exist",
+                    field="journal",
+                    hint="check the --journal URL (or the workload's journal)",
+                )
+            with self._guard():
+                self._check_read_only()
+            return
         with self._guard():
             self._path.parent.mkdir(parents=True, exist_ok=True)
             conn = self._conn()
@@ -218,11 +234,19 @@ class SqliteDeliveryStore:
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None or self._pid != os.getpid():
-            conn = sqlite3.connect(
-                str(self._path), timeout=self._busy_timeout_s, isolation_level=None
-            )
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
+            if self._read_only:
+                conn = sqlite3.connect(
+                    f"{self._path.as_uri()}?mode=ro",
+                    timeout=self._busy_timeout_s,
+                    isolation_level=None,
+                    uri=True,
+                )
+            else:
+                conn = sqlite3.connect(
+                    str(self._path), timeout=self._busy_timeout_s, isolation_level=None
+                )
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("PRAGMA foreign_keys=ON")
             self._local.conn = conn
             self._pid = os.getpid()
             with self._lock:
@@ -251,6 +275,23 @@ class SqliteDeliveryStore:
             cur.execute("ROLLBACK")
             raise
         cur.execute("COMMIT")
+
+    def _check_read_only(self) -> None:
+        cur = self._conn().cursor()
+        table = cur.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dpone_delivery_schema'"
+        ).fetchone()
+        current = None
+        if table is not None:
+            row = cur.execute("SELECT MAX(version) FROM dpone_delivery_schema").fetchone()
+            current = int(row[0] or 0)
+        try:
+            _sql.check_read_only_schema(
+                current, schema_version=SCHEMA_VERSION, locator=self.locator
+            )
+        except DponeError:
+            self.close()
+            raise
 
     def _migrate(self) -> None:
         with self._write() as cur:
@@ -316,6 +357,11 @@ class SqliteDeliveryStore:
         """Return how many capacity slots of ``receiver`` are held now."""
         with self._guard():
             return _sql.active_reservations(self._conn().cursor(), _DIALECT, receiver)
+
+    def capacity_available(self, receiver: str) -> bool:
+        """Return True when ``receiver`` has no limit or a free slot now (a hint, no lock)."""
+        with self._guard():
+            return _sql.capacity_available(self._conn().cursor(), _DIALECT, receiver)
 
     # ------------------------------------------------------------------ writes
     def register(
