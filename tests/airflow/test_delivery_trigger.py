@@ -558,6 +558,12 @@ def test_a_conn_id_locator_resolves_the_connection_in_the_triggerer(
     assert CANARY not in _schema_text(pg_available, pg_schema)
 
 
+def run_attempts(journal: Path) -> int:
+    """How many attempts the run ledger recorded (one per deliver or resume call)."""
+    with sqlite3.connect(journal) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM dpone_run_attempts").fetchone()[0])
+
+
 def _children(journal: Path, parent: str) -> list[tuple[str, str]]:
     with sqlite3.connect(journal) as conn:
         rows = conn.execute(
@@ -609,6 +615,7 @@ def test_a_split_delivery_is_watched_child_by_child_not_in_a_busy_loop(
     for child, _ in children:
         assert receiver.jobs_created(child) == 1
         assert _lease(tmp_path / "journal.db", child)[3] == "succeeded"  # observed under it
+    assert run_attempts(tmp_path / "journal.db") == 1 + len(hints)  # deliver + one per wake-up
     # all children COMPLETE: the parent is no longer pending, not "missing"
     done = asyncio.run(observe_once_woken(parent, locator, FAST))
     assert done == {"operation_id": parent, "status": "not_pending", "polls": 0}

@@ -247,12 +247,12 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
             )
             self.log.error("%s", message)
             raise AirflowFailException(message)
-        stop = _stop_instead_of_deferring(hint_status, result.operation_id, locator)
-        if stop is not None:
+        refusal = _stop_instead_of_deferring(hint_status, result.operation_id, locator)
+        if refusal is not None:
             # deferring again would wake at once again (a busy loop of task processes and
             # ledger attempts while the job runs): stop for an operator instead
-            self.log.error("%s", stop)
-            raise AirflowFailException(stop)
+            self.log.error("%s", refusal)
+            raise AirflowFailException(refusal)
         return self._defer(result.operation_id, locator)
 
     def _defer(self, operation_id: str, locator: dict[str, str]) -> dict[str, object]:
