@@ -11,7 +11,7 @@ What it may do:
   (``url_env``) or an Airflow connection (``conn_id``, looked up by the caller-supplied
   ``connection_url``), so a journal password never enters the trigger's arguments;
 - read one delivery's row of the control plane (state, receipt, receiver URL, credential
-  reference);
+  reference); for a split delivery's parent, which has no row, its in-flight child's;
 - take, renew and note results in the delivery's *observation lease* (its own table,
   ``dpone_delivery_observer_leases``), by compare-and-set on the database clock;
 - GET ``{receiver}/jobs/{receipt}`` while it holds that lease.
