@@ -11,7 +11,9 @@ import os
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +174,10 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
 
 # ---------------------------------------------------------------- a real scheduler + triggerer
 DAG_ID = "dpone_delivery"
-#: each child's remote job: the scenario's delivery is split into CHILDREN jobs
-JOB_S = 15.0
+#: each child's remote job: the scenario's delivery is split into CHILDREN jobs; once
+#: every version's triggerer was killed (on the first child) later jobs run LATER_JOB_S,
+#: so the split costs the test one short job, not a second long one
+JOB_S, LATER_JOB_S = 20.0, 3.0
 ROWS, ROWS_PER_CHILD, CHILDREN = 5, 3, 2
 DAG_FILE = """
 from datetime import datetime, timezone
@@ -264,7 +268,9 @@ def _name(label: str) -> str:
     return "orders_" + label.replace(".", "_")
 
 
-def _deferral_scenario(af: Airflow, tmp: Path, receiver_url: str) -> dict[str, Any]:
+def _deferral_scenario(
+    af: Airflow, tmp: Path, receiver_url: str, on_killed: Callable[[], None]
+) -> dict[str, Any]:
     work = tmp / af.label
     # one workload name per version: the shared receiver dedupes by operation id
     workload = rest_workload(
@@ -331,6 +337,7 @@ def _deferral_scenario(af: Airflow, tmp: Path, receiver_url: str) -> dict[str, A
                 if seen["killed"] is None and deliver == "deferred" and lease and lease[2] >= 1:
                     _stop(triggerer, signal.SIGKILL)  # the triggerer dies mid-deferral
                     seen["killed"] = {"lease": lease, "at": now - started}
+                    on_killed()
                     triggerer = _start(af, ["airflow", "triggerer"], env, work / "triggerer.log")
             last = now
             time.sleep(0.3)
@@ -362,11 +369,21 @@ def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
     released). The triggerer is SIGKILLed while its trigger holds the first child's
     observation lease; a new triggerer takes the trigger (and the expired lease) over,
     and the task finishes on try 1 with one remote job per child and one checkpoint
-    promotion.
+    promotion. Once both triggerers were killed the receiver's later jobs are short, so
+    the second child adds a few seconds to the test, not a second long job.
     """
     receiver.set_faults(job_duration_s=JOB_S)
     before = receiver.stats()["jobs_total"]
-    results = both(airflows, lambda af: _deferral_scenario(af, tmp_path, receiver.url))
+    killed: list[None] = []
+    lock = threading.Lock()
+
+    def on_killed() -> None:
+        with lock:
+            killed.append(None)
+            if len(killed) == len(airflows):
+                receiver.set_faults(job_duration_s=LATER_JOB_S)
+
+    results = both(airflows, lambda af: _deferral_scenario(af, tmp_path, receiver.url, on_killed))
     for label, run in results.items():
         where = f"Airflow {label} ({run['seconds']:.0f}s): {run}\n{run['logs']}"
         states = run["states"] or {}
