@@ -5,8 +5,8 @@ trigger row (Airflow's serializer and encryption), run the rebuilt trigger once,
 report the event and which dpone modules were imported.
 
 ``operator WORKLOAD OP [WORKLOAD OP ...]``: per operation, call ``execute_complete`` of
-the real operator three times (two duplicate events, then a ``locator_unresolved`` one)
-and report what it returned, how it deferred or how it failed.
+the real operator four times (two duplicate events, then a ``missing`` and a
+``locator_unresolved`` one) and report what it returned, how it deferred or how it failed.
 
 ``blocked WORKLOAD OP``: one ``execute_complete`` whose remote job failed; report the
 ``AirflowFailException`` message.
@@ -77,6 +77,7 @@ def _calls(workload: str, op: str) -> dict[str, Any]:
     events = (
         {"operation_id": op, "status": "succeeded"},
         {"status": "forged"},
+        {"operation_id": op, "status": "missing"},
         {"operation_id": op, "status": "locator_unresolved"},
     )
     for event in events:

@@ -22,6 +22,18 @@ FORBIDDEN = (
 )  # fmt: skip
 
 
+def _class_name(task: object) -> str:
+    """The operator class name of a task, mapped or not (2.x keeps a dict for it)."""
+    spec = getattr(task, "operator_class", None)
+    if isinstance(spec, type):
+        return spec.__name__
+    if isinstance(spec, dict):
+        return str(spec.get("task_type") or type(task).__name__)
+    if isinstance(spec, str):
+        return spec.rpartition(".")[2]
+    return type(task).__name__
+
+
 def main(dag_file: str) -> None:
     # Airflow itself (metadata models, the SDK) is the baseline every DAG file pays
     from airflow.providers.common.compat.sdk import DAG, BaseOperator  # noqa: F401
@@ -48,6 +60,8 @@ def main(dag_file: str) -> None:
             {
                 "dags": len(dags),
                 "tasks": sum(len(d.tasks) for d in dags),
+                # what each task would run (a mapped task reports its operator's class)
+                "operators": {d.dag_id: sorted(_class_name(t) for t in d.tasks) for d in dags},
                 "seconds": seconds,
                 "new_modules": len(new),
                 "forbidden_loaded": forbidden,

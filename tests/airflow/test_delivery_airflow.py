@@ -11,7 +11,9 @@ import os
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,14 @@ from tests.airflow.scenarios import metadata, task_states, xcoms
 from tests.airflow.test_delivery_trigger import (
     CANARY,
     INTERVAL,
+    _children,
     _pg_delivery,
     _schema_text,
     _with_password,
     pg_connection,
     promotions,
     rest_workload,
+    run_attempts,
 )
 from tests.airflow.test_scheduler import _free_port, _scheduler_env, _wait_for_api
 from tests.fixtures.receiver import RECEIVER_TOKEN
@@ -137,11 +141,15 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
     for label, result in both(airflows, probe).items():
         early, late = result["ops"]
         op, locator = running[label]
-        # the triggerer could not resolve the locator and the job still runs: no
-        # deferral into the same failure, the task fails for an operator
+        # the triggerer could not resolve the locator, or found no such delivery in the
+        # journal it opened, and the job still runs: no deferral into the same instant
+        # wake-up (a busy loop), the task fails for an operator
         unresolved = early["calls"].pop()["failed"]
         assert unresolved.startswith("DPONE_CONFIG_INVALID: the triggerer cannot open"), result
         assert "clear the task" in unresolved
+        missing = early["calls"].pop()["failed"]
+        assert missing.startswith("DPONE_CONFIG_INVALID: the triggerer found no delivery"), result
+        assert "clear the task" in missing
         for call in early["calls"]:
             assert call.get("deferred") == "dpone.airflow.triggers.DponeReceiptTrigger", result
             assert call["method"] == "execute_complete"
@@ -152,10 +160,11 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
                 "lease_s", "request_timeout_s",
             }  # fmt: skip
         op, _ = done[label]
-        first, second, third = (call["returned"] for call in late["calls"])
+        first, second, third, fourth = (call["returned"] for call in late["calls"])
         assert (first["state"], first["replayed"]) == ("COMPLETE", False), result
         assert (second["state"], second["replayed"]) == ("COMPLETE", True), result
         assert (third["state"], third["replayed"]) == ("COMPLETE", True), result  # hint ignored
+        assert (fourth["state"], fourth["replayed"]) == ("COMPLETE", True), result
         assert first["operation_id"] == second["operation_id"] == op
         assert promotions(tmp_path / label / "short", op) == 1
         assert promotions(tmp_path / label / "long", running[label][0]) == 0
@@ -165,7 +174,14 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
 
 # ---------------------------------------------------------------- a real scheduler + triggerer
 DAG_ID = "dpone_delivery"
-JOB_S = 25.0
+#: each child's remote job: the scenario's delivery is split into CHILDREN jobs; once
+#: every version's triggerer was killed (on the first child) later jobs run LATER_JOB_S,
+#: so the split costs the test one shorter job, not a second long one. Not shorter: a
+#: trigger that fires within ~5 s of its deferral meets Airflow 3.3's race between the
+#: deferral's own executor event and the re-queued task (apache/airflow#67287,
+#: #72716): the scheduler fails the task (seen here with 3 s jobs)
+JOB_S, LATER_JOB_S = 20.0, 10.0
+ROWS, ROWS_PER_CHILD, CHILDREN = 5, 3, 2
 DAG_FILE = """
 from datetime import datetime, timezone
 
@@ -212,10 +228,13 @@ def _attempt_provenance(journal: Path, operation_id: str) -> list[tuple[str, int
 
 
 def _lease_row(journal: Path) -> tuple[str, int, int] | None:
+    """The observation lease of the first child (the one the triggerer is killed on)."""
     try:
         with sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=1) as db:
             row = db.execute(
-                "SELECT holder, epoch, polls FROM dpone_delivery_observer_leases"
+                "SELECT l.holder, l.epoch, l.polls FROM dpone_delivery_observer_leases l "
+                "JOIN dpone_delivery d ON d.operation_id = l.operation_id "
+                "ORDER BY d.child_index LIMIT 1"
             ).fetchone()
     except sqlite3.Error:
         return None
@@ -266,10 +285,14 @@ def _name(label: str) -> str:
     return "orders_" + label.replace(".", "_")
 
 
-def _deferral_scenario(af: Airflow, tmp: Path, receiver_url: str) -> dict[str, Any]:
+def _deferral_scenario(
+    af: Airflow, tmp: Path, receiver_url: str, on_killed: Callable[[], None]
+) -> dict[str, Any]:
     work = tmp / af.label
     # one workload name per version: the shared receiver dedupes by operation id
-    workload = rest_workload(work, receiver_url, name=_name(af.label))
+    workload = rest_workload(
+        work, receiver_url, name=_name(af.label), rows=ROWS, rows_per_child=ROWS_PER_CHILD
+    )
     journal = work / "journal.db"
     dags = work / "dags"
     dags.mkdir()
@@ -321,6 +344,7 @@ def _deferral_scenario(af: Airflow, tmp: Path, receiver_url: str) -> dict[str, A
                 if seen["killed"] is None and deliver == "deferred" and lease and lease[2] >= 1:
                     _stop(triggerer, signal.SIGKILL)  # the triggerer dies mid-deferral
                     seen["killed"] = {"lease": lease, "at": now - started}
+                    on_killed()
                     triggerer = _start(af, ["airflow", "triggerer"], env, work / "triggerer.log")
             last = now
             time.sleep(0.3)
@@ -343,16 +367,30 @@ def _deferral_scenario(af: Airflow, tmp: Path, receiver_url: str) -> dict[str, A
 def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
     airflows: dict[str, Airflow], receiver, tmp_path: Path
 ) -> None:
-    """A real scheduler and triggerer: the delivery defers while the remote job runs.
+    """A real scheduler and triggerer: the delivery defers while each remote job runs.
 
-    With one task slot, the independent task runs while the delivery is deferred (the
-    worker was released). The triggerer is SIGKILLed while its trigger holds the
+    The delivery is split into two child jobs (``rows_per_child``): the trigger watches
+    the parent's in-flight child, so the task defers once per child and the run ledger
+    has one attempt per deferral plus the first (no busy loop of wake-ups). With one
+    task slot, the independent task runs while the delivery is deferred (the worker was
+    released). The triggerer is SIGKILLed while its trigger holds the first child's
     observation lease; a new triggerer takes the trigger (and the expired lease) over,
-    and the task finishes on try 1 with one remote job and one checkpoint promotion.
+    and the task finishes on try 1 with one remote job per child and one checkpoint
+    promotion. Once both triggerers were killed the receiver's later jobs are short, so
+    the second child adds a few seconds to the test, not a second long job.
     """
     receiver.set_faults(job_duration_s=JOB_S)
     before = receiver.stats()["jobs_total"]
-    results = both(airflows, lambda af: _deferral_scenario(af, tmp_path, receiver.url))
+    killed: list[None] = []
+    lock = threading.Lock()
+
+    def on_killed() -> None:
+        with lock:
+            killed.append(None)
+            if len(killed) == len(airflows):
+                receiver.set_faults(job_duration_s=LATER_JOB_S)
+
+    results = both(airflows, lambda af: _deferral_scenario(af, tmp_path, receiver.url, on_killed))
     for label, run in results.items():
         where = f"Airflow {label} ({run['seconds']:.0f}s): {run}\n{run['logs']}"
         states = run["states"] or {}
@@ -369,7 +407,13 @@ def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
         summary = xcoms(home, DAG_ID)[("deliver", -1)]
         assert (summary["state"], summary["replayed"]) == ("COMPLETE", False), summary
         op = summary["operation_id"]
-        assert receiver.jobs_created(op) == 1
+        assert summary["rows"] == ROWS, summary
+        journal = Path(run["journal"])
+        children = _children(journal, op)
+        assert [state for _, state in children] == ["COMPLETE"] * CHILDREN, children
+        assert [receiver.jobs_created(child) for child, _ in children] == [1] * CHILDREN
+        # execute, then one resume per child's wake-up: each deferral waited for its job
+        assert run_attempts(journal) == 1 + CHILDREN, where
         assert promotions(Path(run["work"]), op, _name(label)) == 1
         # the submit and each resume after a wake-up are attempts of one run, all try 1
         attempts = _attempt_provenance(Path(run["journal"]), op)
@@ -383,7 +427,8 @@ def test_deferral_frees_the_worker_and_survives_a_killed_triggerer(
             f"first deferred at {run['first_deferred']:.1f}s; triggerer killed at "
             f"{run['killed']['at']:.1f}s"
         )
-    assert receiver.stats()["jobs_total"] - before == len(airflows)  # one remote job each
+    # one remote job per child, none for the parent
+    assert receiver.stats()["jobs_total"] - before == CHILDREN * len(airflows)
 
 
 PARSE_DAG = """

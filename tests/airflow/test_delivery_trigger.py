@@ -57,9 +57,18 @@ def _close_processors():
 
 
 def rest_workload(
-    folder: Path, receiver_url: str, *, rows: int = 5, name: str = "orders_rest"
+    folder: Path,
+    receiver_url: str,
+    *,
+    rows: int = 5,
+    name: str = "orders_rest",
+    rows_per_child: int | None = None,
 ) -> Path:
-    """A REST delivery workload file (incremental, so it has a checkpoint) and its source."""
+    """A REST delivery workload file (incremental, so it has a checkpoint) and its source.
+
+    ``rows_per_child`` makes it a split delivery: one child job per that many rows.
+    """
+    split = "" if rows_per_child is None else f"rows_per_child: {rows_per_child}, "
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / "orders.csv"
     source.write_text("id,name\n" + "".join(f"{i},n{i}\n" for i in range(rows)))
@@ -71,7 +80,7 @@ def rest_workload(
         f"journal: sqlite:///{folder / 'journal.db'}\n"
         f"source: {{kind: csv, path: '{source}'}}\n"
         f"target: {{kind: rest, url: '{receiver_url}', credential: 'env:{TOKEN_ENV}', "
-        "poll_interval_seconds: 1.0}\n"
+        f"{split}poll_interval_seconds: 1.0}}\n"
         'incremental: {start: "2026-11-01T00:00:00Z", max_interval_seconds: 86400}\n'
     )
     return path
@@ -550,3 +559,103 @@ def test_a_conn_id_locator_resolves_the_connection_in_the_triggerer(
     assert hint["status"] == "succeeded", hint
     assert CANARY not in json.dumps([locator, gone, hint]) + caplog.text
     assert CANARY not in _schema_text(pg_available, pg_schema)
+
+
+def run_attempts(journal: Path) -> int:
+    """How many attempts the run ledger recorded (one per deliver or resume call)."""
+    with sqlite3.connect(journal) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM dpone_run_attempts").fetchone()[0])
+
+
+def _children(journal: Path, parent: str) -> list[tuple[str, str]]:
+    with sqlite3.connect(journal) as conn:
+        rows = conn.execute(
+            "SELECT operation_id, state FROM dpone_delivery WHERE parent_id = ? "
+            "ORDER BY child_index",
+            (parent,),
+        ).fetchall()
+    return [(str(op), str(state)) for op, state in rows]
+
+
+def test_a_split_delivery_is_watched_child_by_child_not_in_a_busy_loop(
+    receiver, tmp_path: Path
+) -> None:
+    """A split parent has no row of its own: the trigger watches its in-flight child.
+
+    The loop below is the operator's: deliver, then per wake-up ``resume_delivery`` (what
+    ``execute_complete`` runs) until the delivery is no longer pending. Each watch ends
+    only once the child's job ended, so three children take three wake-ups however long
+    the jobs run (the parent id used to give ``missing`` at once: a busy loop of resumes
+    for as long as a job ran), and every child is one remote job.
+    """
+    job_s = 1.5
+    receiver.set_faults(job_duration_s=job_s)
+    workload = rest_workload(tmp_path, receiver.url, rows=6, rows_per_child=2)
+    runtime = open_delivery_runtime(str(workload), {})
+    hints: list[dict[str, object]] = []
+    started = time.monotonic()
+    try:
+        result = runtime.deliver(
+            interval=INTERVAL, partition=_unique(tmp_path), context=RunContext(), provenance=None
+        )
+        locator = trigger_locator(runtime, {})
+        parent = result.operation_id
+        while isinstance(result, DeliveryPending):
+            assert len(hints) < 10, hints  # a busy loop: the trigger did not wait
+            hints.append(asyncio.run(observe_once_woken(parent, locator, FAST)))
+            result = runtime.resume_delivery(parent, poll_budget_s=0.0)
+    finally:
+        runtime.close()
+    elapsed = time.monotonic() - started
+    assert isinstance(result, DeliveryCompleted), result
+    assert (result.operation_id, result.rows) == (parent, 6)
+    assert [h["status"] for h in hints] == ["succeeded"] * 3, hints  # one wake-up per child
+    assert all(h["operation_id"] == parent for h in hints)
+    assert all(int(str(h["polls"])) >= 2 for h in hints), hints  # each one waited for its job
+    assert elapsed >= 3 * job_s
+    children = _children(tmp_path / "journal.db", parent)
+    assert [state for _, state in children] == ["COMPLETE"] * 3
+    for child, _ in children:
+        assert receiver.jobs_created(child) == 1
+        assert _lease(tmp_path / "journal.db", child)[3] == "succeeded"  # observed under it
+    assert run_attempts(tmp_path / "journal.db") == 1 + len(hints)  # deliver + one per wake-up
+    # all children COMPLETE: the parent is no longer pending, not "missing"
+    done = asyncio.run(observe_once_woken(parent, locator, FAST))
+    assert done == {"operation_id": parent, "status": "not_pending", "polls": 0}
+
+
+def test_the_trigger_opens_a_sqlite_journal_whose_path_has_uri_characters(
+    receiver, tmp_path: Path
+) -> None:
+    """'#', '?' and '%' are file-name characters, not URI syntax, in the trigger's locator."""
+    import shutil
+
+    receiver.set_faults(job_duration_s=0.0)
+    runtime = open_delivery_runtime(str(rest_workload(tmp_path, receiver.url)), {})
+    try:
+        result = runtime.deliver(
+            interval=INTERVAL,
+            partition=_unique(tmp_path),
+            context=RunContext(),
+            provenance=None,
+            poll_budget_s=5.0,
+        )
+    finally:
+        runtime.close()
+    assert isinstance(result, DeliveryCompleted)
+    odd = tmp_path / "a#b?c%20d"
+    odd.mkdir()
+    shutil.copy(tmp_path / "journal.db", odd / "journal.db")
+    locator = {"kind": "sqlite", "path": str(odd / "journal.db")}
+    assert journal_locator(f"sqlite:///{odd / 'journal.db'}") == locator
+    bounds = ObservationBounds(poll_interval_s=0.1, max_polls=3, lease_s=1.0)
+    hint = asyncio.run(observe_once_woken(result.operation_id, locator, bounds))
+    assert hint["status"] == "not_pending", hint  # it read the row: the file was found
+    assert not (tmp_path / "a").exists()  # and nothing was created at a truncated path
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:////abs/dir/j.db", "sqlite:///abs/dir/j.db", "sqlite:/abs/dir/j.db"]
+)
+def test_a_sqlite_locator_names_the_plain_absolute_path(url: str) -> None:
+    assert journal_locator(url) == {"kind": "sqlite", "path": "/abs/dir/j.db"}

@@ -33,6 +33,8 @@ def _workloads(folder: Path, count: int) -> None:
         "{kind: mariadb, url: 'mysql://u:p@192.0.2.1:3306/db', table: orders}",
         "{kind: duckdb, url: 'duckdb:////nonexistent/dir/w.duckdb', table: orders}",
         "{kind: sqlite, url: 'sqlite:////nonexistent/dir/w.db', table: orders}",
+        # a REST delivery (receiver unreachable, token unset): it parses as a deferrable task
+        "{kind: rest, url: 'http://192.0.2.1:9', credential: 'env:UNSET_RX_TOKEN'}",
     ]
     for i in range(count):
         path = workload(
@@ -68,6 +70,12 @@ def test_dag_parse_does_no_io_and_imports_no_driver(
         assert report["tasks"] == FILES, (label, report)
         assert report["connection_attempts"] == [], (label, report)
         assert report["forbidden_new"] == [], (label, report)
+        operators = report["operators"]
+        assert isinstance(operators, dict), (label, report)
+        rest = {f"dpone_w_{i}" for i in range(FILES) if i % 5 == 4}
+        for dag_id, classes in operators.items():
+            expected = "DponeDeliveryOperator" if dag_id in rest else "DponeRunOperator"
+            assert classes == [expected], (label, dag_id, classes)
 
 
 def _providers(airflow: Airflow, tmp: Path) -> subprocess.CompletedProcess[str]:

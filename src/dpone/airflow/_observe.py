@@ -11,7 +11,7 @@ What it may do:
   (``url_env``) or an Airflow connection (``conn_id``, looked up by the caller-supplied
   ``connection_url``), so a journal password never enters the trigger's arguments;
 - read one delivery's row of the control plane (state, receipt, receiver URL, credential
-  reference);
+  reference); for a split delivery's parent, which has no row, its in-flight child's;
 - take, renew and note results in the delivery's *observation lease* (its own table,
   ``dpone_delivery_observer_leases``), by compare-and-set on the database clock;
 - GET ``{receiver}/jobs/{receipt}`` while it holds that lease.
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from dpone.errors import ConfigInvalid
 
@@ -139,7 +139,9 @@ def journal_locator(journal_url: str, *, schema: str = "dpone") -> dict[str, str
             raise ConfigInvalid(
                 "the trigger needs an absolute SQLite journal path", field="journal"
             )
-        return {"kind": "sqlite", "path": str(Path(path))}
+        # sqlite:////abs leaves "//abs": POSIX keeps a leading "//" (Path does too), but it
+        # names the same file as "/abs", and the trigger's locator should say so
+        return {"kind": "sqlite", "path": "/" + str(Path(path)).lstrip("/")}
     parts = urlsplit(journal_url)
     if parts.scheme in ("postgresql", "postgres"):
         if carries_secret(journal_url):
@@ -241,6 +243,26 @@ class _ControlPlane:
         )
         return _Row(*row) if row else None
 
+    async def in_flight_child(self, parent_id: str) -> tuple[str, _Row] | None:
+        """The first child of split delivery ``parent_id`` that is not COMPLETE, if any.
+
+        Children run strictly in ``child_index`` order, so this is the one in flight (or
+        the next to start).
+        """
+        row = await self._one(
+            "SELECT operation_id, state, receipt, receiver_url, credential_ref "
+            "FROM {p}dpone_delivery WHERE parent_id = ? AND state <> 'COMPLETE' "
+            "ORDER BY child_index LIMIT 1",
+            (parent_id,),
+        )
+        return (str(row[0]), _Row(*row[1:])) if row else None
+
+    async def has_children(self, parent_id: str) -> bool:
+        row = await self._one(
+            "SELECT COUNT(*) FROM {p}dpone_delivery WHERE parent_id = ?", (parent_id,)
+        )
+        return bool(row and row[0])
+
     async def take_lease(self, operation_id: str, holder: str, ttl_s: float) -> _Lease:
         """Take or renew the lease if it is free, expired or already ours; return it."""
         await self._one(
@@ -334,9 +356,10 @@ async def _open(locator: dict[str, Any], connection_url: ConnectionUrl | None) -
         path = str(locator.get("path") or "")
         if not path.startswith("/"):
             raise ConfigInvalid("the trigger's journal locator needs an absolute path")
-        # mode=rw: never create a control plane that is not there
+        # mode=rw: never create a control plane that is not there; the path is quoted so
+        # '#', '?' and '%' in it stay part of the file name
         lite = await aiosqlite.connect(
-            f"file:{path}?mode=rw", uri=True, timeout=5.0, isolation_level=None
+            f"file:{quote(path)}?mode=rw", uri=True, timeout=5.0, isolation_level=None
         )
         return _ControlPlane(
             lite,
@@ -443,6 +466,7 @@ async def observe_once_woken(
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
     db: _ControlPlane | None = None
     polls = 0
+    watched: set[str] = set()  # the ids whose lease this run may hold (a parent's child)
     try:
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(bounds.timeout_s),
@@ -461,7 +485,9 @@ async def observe_once_woken(
                         )
                         return _hint(operation_id, "locator_unresolved", polls)
                 if db is not None:
-                    status, polled = await _round_status(db, client, operation_id, holder, bounds)
+                    status, polled = await _round_status(
+                        db, client, operation_id, holder, bounds, watched
+                    )
                     polls += polled
                     if status is not None:
                         return _hint(operation_id, status, polls)
@@ -469,7 +495,8 @@ async def observe_once_woken(
             # bounds reached: hand the lease on at once (a terminal note is kept instead)
             if db is not None:
                 try:
-                    await db.release(operation_id, holder)
+                    for leased in sorted(watched):
+                        await db.release(leased, holder)
                 except Exception as exc:  # noqa: BLE001 - it expires by itself anyway
                     _log.info("dpone trigger: could not release the lease (%s)", type(exc).__name__)
     finally:
@@ -518,16 +545,32 @@ def _pause(bounds: ObservationBounds) -> float:
 
 
 async def _round_status(
-    db: _ControlPlane, client: Any, operation_id: str, holder: str, bounds: ObservationBounds
+    db: _ControlPlane,
+    client: Any,
+    operation_id: str,
+    holder: str,
+    bounds: ObservationBounds,
+    watched: set[str],
 ) -> tuple[str | None, bool]:
-    """One round: (a hint status to end with or None to go on, whether it sent a GET)."""
+    """One round: (a hint status to end with or None to go on, whether it sent a GET).
+
+    A split delivery's parent has no row of its own: the round then watches the parent's
+    first child that is not COMPLETE (the one in flight), under that child's observation
+    lease. That child ending (or no longer waiting) wakes the operator, which completes
+    it and submits the next child; all children COMPLETE is ``not_pending``; no row and
+    no children is ``missing``. ``watched`` collects the ids whose lease may be ours.
+    """
     try:
-        row = await db.read(operation_id)
+        watch, row = operation_id, await db.read(operation_id)
         if row is None:
-            return "missing", False
+            child = await db.in_flight_child(operation_id)
+            if child is None:
+                return ("not_pending" if await db.has_children(operation_id) else "missing"), False
+            watch, row = child
         if row.state != "ACCEPTED":
             return "not_pending", False
-        lease = await db.take_lease(operation_id, holder, bounds.lease_s)
+        watched.add(watch)
+        lease = await db.take_lease(watch, holder, bounds.lease_s)
     except Exception as exc:  # noqa: BLE001 - a busy or unreachable database is one round
         _log.info("dpone trigger: control plane not readable now (%s)", type(exc).__name__)
         return None, False
@@ -538,7 +581,7 @@ async def _round_status(
         return None, False
     observed = await _get_status(client, row)
     try:
-        await db.note(operation_id, holder, lease.epoch, observed)
+        await db.note(watch, holder, lease.epoch, observed)
     except Exception as exc:  # noqa: BLE001 - the note is a courtesy to other triggers
         _log.info("dpone trigger: could not note the poll (%s)", type(exc).__name__)
     if observed in _REMOTE_TERMINAL or observed == "receipt_unknown":

@@ -28,6 +28,8 @@ __all__ = ["DponeDeliveryOperator", "delivery_summary"]
 _log = logging.getLogger("dpone.airflow")
 #: the trigger's hint for a locator it cannot resolve (dpone.airflow._observe.HINTS)
 UNRESOLVED = "locator_unresolved"
+#: the trigger's hint for an operation id its control plane does not know
+MISSING = "missing"
 
 
 def _describe(locator: dict[str, str]) -> str:
@@ -48,6 +50,35 @@ def delivery_summary(result: Any) -> dict[str, object]:
         "rows": result.rows,
         "replayed": result.replayed,
     }
+
+
+def _stop_instead_of_deferring(
+    hint_status: object, operation_id: str, locator: dict[str, str]
+) -> str | None:
+    """The failure message when a still-pending delivery must not defer again, or None.
+
+    Two hints say the next trigger would end at once just like this one: the triggerer
+    cannot resolve the locator (``locator_unresolved``), or the control plane it opens
+    does not know the operation (``missing``) although the worker's does, so the two
+    read different journals (a relative or per-host SQLite path, another schema).
+    Deferring again would be a busy loop, so the task fails for an operator.
+    """
+    if hint_status == UNRESOLVED:
+        return (
+            f"DPONE_CONFIG_INVALID: the triggerer cannot open the journal of delivery "
+            f"{operation_id} (locator {_describe(locator)}); its log says what is "
+            "missing. The delivery stays as it is at the receiver. Fix: make that "
+            "available to the triggerer, then clear the task."
+        )
+    if hint_status == MISSING:
+        return (
+            f"DPONE_CONFIG_INVALID: the triggerer found no delivery {operation_id} in the "
+            f"journal it opened ({_describe(locator)}), but the worker's journal has it "
+            "pending: the two do not read the same control plane. The delivery stays as "
+            "it is at the receiver. Fix: give the triggerer the workers' journal (the same "
+            "SQLite file or PostgreSQL database and schema), then clear the task."
+        )
+    return None
 
 
 class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped without Airflow
@@ -161,11 +192,11 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         def call(runtime: Any) -> Any:
             return runtime.resume_delivery(operation_id, poll_budget_s=0.0, provenance=provenance)
 
-        return self._decide(call, task=None, unresolved=hint.get("status") == UNRESOLVED)
+        return self._decide(call, task=None, hint_status=hint.get("status"))
 
     # ------------------------------------------------------------------ decisions
     def _decide(
-        self, call: Any, *, task: TaskIdentity | None, unresolved: bool = False
+        self, call: Any, *, task: TaskIdentity | None, hint_status: object = None
     ) -> dict[str, object]:
         from dpone.airflow.delivery_runtime import prepare_delivery
         from dpone.airflow.operators import _connection, _stop_or_retry
@@ -210,16 +241,12 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
             )
             self.log.error("%s", message)
             raise AirflowFailException(message)
-        if unresolved:
-            # deferring again would wake at once again: stop for an operator instead
-            message = (
-                f"DPONE_CONFIG_INVALID: the triggerer cannot open the journal of delivery "
-                f"{result.operation_id} (locator {_describe(locator)}); its log says what is "
-                "missing. The delivery stays as it is at the receiver. Fix: make that "
-                "available to the triggerer, then clear the task."
-            )
-            self.log.error("%s", message)
-            raise AirflowFailException(message)
+        refusal = _stop_instead_of_deferring(hint_status, result.operation_id, locator)
+        if refusal is not None:
+            # deferring again would wake at once again (a busy loop of task processes and
+            # ledger attempts while the job runs): stop for an operator instead
+            self.log.error("%s", refusal)
+            raise AirflowFailException(refusal)
         return self._defer(result.operation_id, locator)
 
     def _defer(self, operation_id: str, locator: dict[str, str]) -> dict[str, object]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dpone.airflow.compat import DAG, CronDataIntervalTimetable, DeltaDataIntervalTimetable
+from dpone.airflow.delivery import DponeDeliveryOperator
 from dpone.airflow.operators import DponeRunOperator
 from dpone.config.workload import Workload, load_workload
 from dpone.errors import ConfigInvalid
@@ -35,6 +36,9 @@ def dag_from_workload(
     path: str | Path, *, partitions: Sequence[str] | None = None, **options: Any
 ) -> Any:
     """Return the DAG ``<prefix><workload>`` with one task ``load`` for one workload file.
+
+    The task is a :class:`DponeRunOperator`, or a :class:`DponeDeliveryOperator` for a
+    ``target.kind: rest`` workload (``target_conn_id`` is then not used).
 
     Args:
         path: the workload YAML file.
@@ -79,17 +83,24 @@ def _dag(
         doc_md=f"dpone workload `{spec.workload}` from `{file}`",
         **dict(dag_kwargs or {}),
     )
+    operator: Any = DponeRunOperator
+    common: dict[str, Any] = {
+        "task_id": "load",
+        "workload": str(file),
+        "journal_conn_id": journal_conn_id,
+    }
+    if spec.target.kind == "rest":
+        # a REST delivery runs as receiver jobs and defers while they run; the table
+        # operator refuses it at run time (target_conn_id names a table target's
+        # connection, so it does not apply here)
+        operator = DponeDeliveryOperator
+    else:
+        common["target_conn_id"] = target_conn_id
     with dag:
-        common: dict[str, Any] = {
-            "task_id": "load",
-            "workload": str(file),
-            "target_conn_id": target_conn_id,
-            "journal_conn_id": journal_conn_id,
-        }
         if partitions is None:
-            DponeRunOperator(**common)
+            operator(**common)
         else:
-            DponeRunOperator.partial(**common).expand(partition=list(partitions))
+            operator.partial(**common).expand(partition=list(partitions))
     return dag
 
 
