@@ -157,7 +157,7 @@ def test_duplicate_events_replay_and_a_running_job_defers_again(
             assert call["kwargs"]["journal"] == locator
             assert set(call["kwargs"]) == {
                 "operation_id", "journal", "poll_interval_s", "max_polls", "deadline",
-                "lease_s", "request_timeout_s",
+                "lease_s", "request_timeout_s", "not_before",
             }  # fmt: skip
         op, _ = done[label]
         first, second, third, fourth = (call["returned"] for call in late["calls"])

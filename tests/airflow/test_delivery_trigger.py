@@ -659,3 +659,22 @@ def test_the_trigger_opens_a_sqlite_journal_whose_path_has_uri_characters(
 )
 def test_a_sqlite_locator_names_the_plain_absolute_path(url: str) -> None:
     assert journal_locator(url) == {"kind": "sqlite", "path": "/abs/dir/j.db"}
+
+
+def test_the_trigger_settles_before_waking_the_task() -> None:
+    """An event is never due before ``not_before``; a past or absent bound costs nothing."""
+    from dpone.airflow._observe import settle
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    now = 1_000.0
+    asyncio.run(settle(now + 4.5, clock=lambda: now, sleep=sleep))
+    asyncio.run(settle(now - 1.0, clock=lambda: now, sleep=sleep))
+    asyncio.run(settle(None, clock=lambda: now, sleep=sleep))
+    assert slept == [4.5]
+    started = time.monotonic()
+    asyncio.run(settle(time.time() + 0.3))  # the real clock and sleep
+    assert time.monotonic() - started >= 0.25

@@ -48,6 +48,7 @@ __all__ = [
     "env_locator",
     "journal_locator",
     "observe_once_woken",
+    "settle",
 ]
 
 _log = logging.getLogger("dpone.airflow.trigger")
@@ -587,3 +588,23 @@ async def _round_status(
     if observed in _REMOTE_TERMINAL or observed == "receipt_unknown":
         return observed, True
     return None, True
+
+
+async def settle(
+    not_before: float | None,
+    *,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Wait until ``not_before`` (seconds since the epoch) when it is still ahead.
+
+    The trigger never wakes its task sooner than the operator's ``settle_s`` after the
+    deferral: Airflow 3.3 can fail a task woken before the scheduler has processed the
+    deferring process's exit (apache/airflow#67287). The bound is absolute, so a
+    restarted triggerer does not wait again.
+    """
+    if not_before is None:
+        return
+    delay = not_before - clock()
+    if delay > 0:
+        await sleep(delay)

@@ -96,6 +96,11 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         poll_interval_s, max_polls, max_wait_s, lease_s: the trigger's bounds (seconds
             between rounds, rounds per trigger run, how long one deferral may last before
             the trigger wakes the task anyway, the observation lease).
+        settle_s: the trigger never wakes the task sooner than this after the deferral
+            (default 6 s): Airflow 3.3 can fail a task woken before the scheduler has
+            processed the deferring process's exit (apache/airflow#67287; the supervisor
+            reports it up to ``[workers] min_heartbeat_interval`` = 5 s later). 0 turns
+            it off.
 
     Returns (XCom ``return_value``): ``operation_id``, ``state``, ``receipt``, ``rows`` and
     ``replayed``.
@@ -128,6 +133,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         max_polls: int = 360,
         max_wait_s: float = 3600.0,
         lease_s: float = 60.0,
+        settle_s: float = 6.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -140,6 +146,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
         self.max_polls = int(max_polls)
         self.max_wait_s = float(max_wait_s)
         self.lease_s = float(lease_s)
+        self.settle_s = max(0.0, float(settle_s))
 
     # ------------------------------------------------------------------ run time only
     def execute(self, context: Any) -> dict[str, object]:
@@ -264,6 +271,7 @@ class DponeDeliveryOperator(BaseOperator):  # type: ignore[misc]  # untyped with
                 max_polls=self.max_polls,
                 deadline=time.time() + self.max_wait_s,
                 lease_s=self.lease_s,
+                not_before=time.time() + self.settle_s,
             ),
             method_name="execute_complete",
             kwargs={"operation_id": operation_id},

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from dpone.airflow._observe import ObservationBounds, observe_once_woken
+from dpone.airflow._observe import ObservationBounds, observe_once_woken, settle
 
 __all__ = ["DponeReceiptTrigger"]
 
@@ -56,6 +56,8 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
         lease_s: how long the observation lease lasts without renewal; another trigger
             for the same operation takes over after it.
         request_timeout_s: timeout of one GET.
+        not_before: seconds since the epoch before which no event is emitted (the
+            operator's ``settle_s`` after the deferral; see :func:`settle`).
 
     When the bounds are reached the trigger emits ``exhausted``: the operator looks at
     the control plane itself and defers again while the job runs. A locator this
@@ -74,6 +76,7 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
         deadline: float | None = None,
         lease_s: float = 60.0,
         request_timeout_s: float = 10.0,
+        not_before: float | None = None,
     ) -> None:
         super().__init__()
         self.operation_id = str(operation_id)
@@ -83,6 +86,7 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
         self.deadline = None if deadline is None else float(deadline)
         self.lease_s = float(lease_s)
         self.request_timeout_s = float(request_timeout_s)
+        self.not_before = None if not_before is None else float(not_before)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Classpath and plain keyword arguments that rebuild this trigger."""
@@ -96,6 +100,7 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
                 "deadline": self.deadline,
                 "lease_s": self.lease_s,
                 "request_timeout_s": self.request_timeout_s,
+                "not_before": self.not_before,
             },
         )
 
@@ -119,4 +124,5 @@ class DponeReceiptTrigger(BaseTrigger):  # type: ignore[misc]  # untyped without
             hint["status"],
             hint["polls"],
         )
+        await settle(self.not_before)
         yield TriggerEvent(hint)
