@@ -237,6 +237,8 @@ def test_transient_refusal_goes_to_durable_retry_wait(receiver, store, tmp_path)
     assert record.state is DeliveryState.RETRY_WAIT
     assert record.due_at is not None
     assert record.due_at > store.now()
+    # the receiver's Retry-After (1 s) is honoured although the backoff cap is 0.5 s
+    assert record.due_at - record.updated_at == pytest.approx(1.0, abs=0.05)
     assert store.active_reservations(_receiver_id(receiver)) == 0
     assert receiver.jobs_created(request.operation_id) == 0
     time.sleep(max(record.due_at - store.now(), 0) + 0.01)

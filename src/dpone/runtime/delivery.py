@@ -238,7 +238,8 @@ class DeliveryPolicy:
     poll_budget_s: float = 0.0  # how long one call keeps observing after acceptance
     wait_budget_s: float = 30.0  # how long one call waits for capacity or a due retry
     retry_base_s: float = 1.0  # first RETRY_WAIT backoff, doubled per attempt
-    retry_max_s: float = 60.0
+    retry_max_s: float = 60.0  # cap of that backoff
+    retry_after_max_s: float = 3600.0  # a receiver's Retry-After is honoured up to this
     submit_lease_s: float = 60.0  # must exceed the sink's request timeout
 
 
@@ -604,15 +605,21 @@ class ResumableDeliveryProcessor:
             return record
         if isinstance(outcome, SubmitRefused):
             if outcome.transient:
+                # the receiver's Retry-After when it gave one (never sooner than it asked;
+                # bounded, so every wait stays finite), else capped exponential backoff
                 backoff = self.policy.retry_base_s * 2 ** max(record.attempts - 1, 0)
-                due = outcome.retry_after_s if outcome.retry_after_s is not None else backoff
+                due = (
+                    min(backoff, self.policy.retry_max_s)
+                    if outcome.retry_after_s is None
+                    else min(outcome.retry_after_s, self.policy.retry_after_max_s)
+                )
                 return self._advance(
                     record,
                     DeliveryStep(
                         to_state=D.RETRY_WAIT,
                         attempt_outcome="refused_before_accept",
                         http_status=outcome.http_status,
-                        due_in_s=min(due, self.policy.retry_max_s),
+                        due_in_s=due,
                         detail=f"refused before acceptance: {outcome.reason}",
                     ),
                 )
