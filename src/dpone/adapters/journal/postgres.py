@@ -747,15 +747,8 @@ class PostgresCommitJournal:
             IntentConflict: the entry exists with another intent digest.
             JournalUnavailable: the journal could not be written.
         """
-        params = self._born_params(
-            CommitState.COMMITTING,
-            ttl=_rules.check_ttl(lease_ttl_seconds),
-            operation_id=operation_id,
-            intent_digest=intent_digest,
-            metadata=metadata,
-            actor=actor,
-            result=None,
-            evidence=evidence,
+        params = self._committing_params(
+            operation_id, intent_digest, metadata, actor, lease_ttl_seconds, evidence
         )
 
         def write(conn: _Conn) -> tuple[Any, ...] | None:
@@ -797,15 +790,8 @@ class PostgresCommitJournal:
         ``FoldingLedgerPort.create_committing_with_run`` says.
         """
         run_params = _ledger_sql.complete_run_params(start, owner=actor, provenance=provenance)
-        params = self._born_params(
-            CommitState.COMMITTING,
-            ttl=_rules.check_ttl(lease_ttl_seconds),
-            operation_id=operation_id,
-            intent_digest=intent_digest,
-            metadata=metadata,
-            actor=actor,
-            result=None,
-            evidence=evidence,
+        params = self._committing_params(
+            operation_id, intent_digest, metadata, actor, lease_ttl_seconds, evidence
         )
 
         def write(conn: _Conn) -> tuple[Any, ...] | None:
@@ -1597,6 +1583,27 @@ class PostgresCommitJournal:
             same = self._same_server[key] = _info_locator(info) == server
         if not same:
             raise ValueError("txn is connected to another database than this journal's")
+
+    def _committing_params(
+        self,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None,
+    ) -> dict[str, Any]:
+        """Parameters of an entry born COMMITTING, leased to ``actor`` (forward mode)."""
+        return self._born_params(
+            CommitState.COMMITTING,
+            ttl=_rules.check_ttl(lease_ttl_seconds),
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=None,
+            evidence=evidence,
+        )
 
     def _born_params(
         self,
