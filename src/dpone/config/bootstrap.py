@@ -534,20 +534,23 @@ def _pack_fingerprint(workload: Workload, target_identity: str) -> str:
 
 
 def _pack_digest(workload: Workload, target_identity: str) -> str:
+    return digest_of(_pack_fields(workload, target_identity))
+
+
+def _pack_fields(workload: Workload, target_identity: str) -> dict[str, object]:
+    """What the pack fingerprint digests (pinned by tests/unit/test_identity_pins.py)."""
     # paths and URLs are not the definition (a moved file or a rotated password is not
     # another load); the source snapshot identity names what is read
     source = workload.source.model_dump(mode="json", exclude={"path", "url", "url_env"})
     target = {"kind": workload.target.kind, "identity": target_identity}
-    return digest_of(
-        {
-            "workload": workload.workload,
-            "release": workload.release,
-            "deployment": workload.deployment,
-            "source": source,
-            "target": target,
-            "load": workload.load.model_dump(mode="json", exclude={"batch_size"}),
-        }
-    )
+    return {
+        "workload": workload.workload,
+        "release": workload.release,
+        "deployment": workload.deployment,
+        "source": source,
+        "target": target,
+        "load": workload.load.model_dump(mode="json", exclude={"batch_size"}),
+    }
 
 
 def workload_operation_id(

@@ -161,6 +161,11 @@ def _partitions(workload: Workload, config: PublicationConfig, window: Interval)
     return tuple(found)
 
 
+def _publication_fields(config: PublicationConfig) -> dict[str, object]:
+    """The publication section in an operation's intent (pinned by test_identity_pins.py)."""
+    return config.model_dump(mode="json", exclude={"audits", "retention_hours", "interval"})
+
+
 def _check_backfill(backfill: str | None) -> str | None:
     if backfill is not None and not _BACKFILL_RE.fullmatch(backfill):
         raise ConfigInvalid(
@@ -352,15 +357,12 @@ class Publication:
         spec = plan_operation(
             self.workload, route, src, interval=self.interval, partition=partition, context=context
         )
-        publication = self.config.model_dump(
-            mode="json", exclude={"audits", "retention_hours", "interval"}
-        )
         spec = replace(
             spec,
             intent_digest=digest_of(
                 {
                     "base": spec.intent_digest,
-                    "publication": publication,
+                    "publication": _publication_fields(self.config),
                     "manifest": source_manifest,
                 }
             ),
