@@ -375,15 +375,16 @@ class _Conn:
 
 
 def _workload(folder: Path, **journal: str | None) -> Any:
-    from dpone.config.workload import load_workload
+    from dpone.config.workload import load_workload, replace
 
     loaded = load_workload(rest_workload(folder, "http://127.0.0.1:9"))
-    return loaded.model_copy(update={"journal": None, **journal})
+    return replace(loaded, **{"journal": None, **journal})
 
 
 def test_locators_name_where_a_journal_password_is_never_its_value(tmp_path: Path) -> None:
     """A password-carrying PostgreSQL journal reaches the trigger as a name, or is refused."""
     from dpone.airflow.delivery_runtime import workload_locator
+    from dpone.config.workload import replace
 
     secret = "postgresql://u:" + CANARY + "@db.internal:5432/prod"
     plain = "postgresql://u@db.internal:5432/prod"
@@ -397,7 +398,7 @@ def test_locators_name_where_a_journal_password_is_never_its_value(tmp_path: Pat
         ({"journal_env": "X"}, {"X": plain}, "jrn", {"url": plain}),  # nothing to hide
     ]
     for journal, env, conn_id, expected in cases:
-        workload = _workload(tmp_path, **journal).model_copy(update={"journal_schema": "ops"})
+        workload = replace(_workload(tmp_path, **journal), journal_schema="ops")
         locator = workload_locator(workload, env, journal_conn_id=conn_id)
         assert locator == {"kind": "postgresql", **expected, "schema": "ops"}, journal
         assert CANARY not in json.dumps(locator)

@@ -18,7 +18,7 @@ import pytest
 
 from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.api import Runner
-from dpone.config.workload import Workload, parse_workload
+from dpone.config.workload import Workload, parse_workload, replace
 from dpone.contracts.states import CommitState
 from dpone.errors import (
     FenceUnavailable,
@@ -417,8 +417,8 @@ def test_forward_complete_needs_no_flush_and_survives_a_journal_crash(
     for i in range(ops):
         _csv(tmp_path / f"p{i}.csv", first=i * 10)
     journal = private_journal.dsn
-    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal).model_copy(
-        update={"lease_ttl_seconds": 1.0}
+    workload = replace(
+        _workload(tmp_path, pg_available, pg_schema, journal=journal), lease_ttl_seconds=1.0
     )
     with Runner(workload) as runner:
         runner.run(interval=INTERVAL, partition="0")  # migrations

@@ -18,6 +18,7 @@ from dpone.config.workload import (
     PostgresTargetConfig,
     SqliteTargetConfig,
     Workload,
+    replace,
 )
 from dpone.errors import ConfigInvalid
 
@@ -83,11 +84,11 @@ def apply_connections(
                 hint="leave target_conn_id out for file targets such as jsonl_append",
             )
         env[TARGET_ENV] = _resolve(lookup, target_conn_id, "target_conn_id")
-        changes["target"] = workload.target.model_copy(update={"url": None, "url_env": TARGET_ENV})
+        changes["target"] = replace(workload.target, url=None, url_env=TARGET_ENV)
     if journal_conn_id:
         env[JOURNAL_ENV] = _resolve(lookup, journal_conn_id, "journal_conn_id")
         changes["journal"] = None
         changes["journal_env"] = JOURNAL_ENV
     if not changes:
         return workload, env
-    return workload.model_copy(update=changes), env
+    return replace(workload, **changes), env

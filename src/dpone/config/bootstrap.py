@@ -64,6 +64,7 @@ from .workload import (
     Workload,
     resolve_file_url,
     resolve_sqlite_url,
+    to_json_dict,
 )
 
 __all__ = [
@@ -541,7 +542,7 @@ def _pack_fields(workload: Workload, target_identity: str) -> dict[str, object]:
     """What the pack fingerprint digests (pinned by tests/unit/test_identity_pins.py)."""
     # paths and URLs are not the definition (a moved file or a rotated password is not
     # another load); the source snapshot identity names what is read
-    source = workload.source.model_dump(mode="json", exclude={"path", "url", "url_env"})
+    source = to_json_dict(workload.source, exclude={"path", "url", "url_env"})
     target = {"kind": workload.target.kind, "identity": target_identity}
     return {
         "workload": workload.workload,
@@ -549,7 +550,7 @@ def _pack_fields(workload: Workload, target_identity: str) -> dict[str, object]:
         "deployment": workload.deployment,
         "source": source,
         "target": target,
-        "load": workload.load.model_dump(mode="json", exclude={"batch_size"}),
+        "load": to_json_dict(workload.load, exclude={"batch_size"}),
     }
 
 

@@ -54,6 +54,7 @@ from .workload import (
     S3StoreConfig,
     Workload,
     load_workload,
+    to_json_dict,
 )
 
 __all__ = ["Publication", "open_store"]
@@ -163,7 +164,7 @@ def _partitions(workload: Workload, config: PublicationConfig, window: Interval)
 
 def _publication_fields(config: PublicationConfig) -> dict[str, object]:
     """The publication section in an operation's intent (pinned by test_identity_pins.py)."""
-    return config.model_dump(mode="json", exclude={"audits", "retention_hours", "interval"})
+    return to_json_dict(config, exclude={"audits", "retention_hours", "interval"})
 
 
 def _check_backfill(backfill: str | None) -> str | None:

@@ -1,26 +1,24 @@
-"""Workload files: YAML -> validated, frozen settings. Every mistake is DPONE_CONFIG_INVALID."""
+"""Workload files: YAML -> validated, frozen settings. Every mistake is DPONE_CONFIG_INVALID.
+
+The settings are msgspec Structs (ADR 0010): unknown fields are refused, values are
+converted leniently the way a YAML author expects ("60" for a number), every string has
+its surrounding spaces stripped, and the checks of one section run in its
+``__post_init__``. A check names its field by raising :class:`_Invalid`. The ``kind`` of
+``source``, ``target`` and ``publication.store`` picks the class to validate against
+(:func:`_part`); a ``target.kind`` that is no built-in is a third-party connector's.
+"""
 
 from __future__ import annotations
 
 import os
 import string
-from collections.abc import Mapping
-from datetime import UTC, datetime
+from collections.abc import Collection, Mapping
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
 from urllib.parse import unquote, urlsplit
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+import msgspec
 
 from dpone.contracts.load import ColumnType, LoadStrategy, is_identifier
 from dpone.errors import ConfigInvalid
@@ -49,33 +47,55 @@ __all__ = [
     "SqliteTargetConfig",
     "Workload",
     "load_workload",
+    "parse_workload",
+    "replace",
     "resolve_sqlite_url",
+    "to_json_dict",
 ]
 
-_FIXES = {
-    "extra_forbidden": "remove it (check the spelling against the README's workload example)",
-    "missing": "add it",
-    "literal_error": "use one of the allowed values",
-    "enum": "use one of the allowed values",
-}
+_EXTRA_FIX = "remove it (check the spelling against the README's workload example)"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+class _Model(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A section of a workload file: unknown fields refused, frozen once validated."""
 
 
-def _identifier(value: str, *, qualified: bool = False) -> str:
+class _Invalid(ValueError):
+    """A check failed; ``field`` (dotted, relative to the section checked) names what."""
+
+    def __init__(self, field: str, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.fix = fix
+
+
+def _identifier(value: str, field: str, *, qualified: bool = False) -> str:
     parts = value.split(".") if qualified else [value]
     if len(parts) > 2 or not all(is_identifier(p) for p in parts):
         shape = "[schema.]name" if qualified else "name"
-        raise ValueError(
+        raise _Invalid(
+            field,
             f"{value!r} is not a plain identifier {shape}: use letters, digits and _, "
-            "not starting with a digit"
+            "not starting with a digit",
         )
     return value
 
 
-Identifier = Annotated[str, Field(min_length=1, max_length=63)]
+def _names(values: Collection[str], field: str, *, distinct: str = "") -> None:
+    """Each of ``values`` is a plain identifier; if ``distinct`` says what, none repeats."""
+    for name in values:
+        _identifier(name, field)
+    if distinct and len(set(values)) != len(values):
+        raise _Invalid(field, f"{distinct} must be distinct")
+
+
+def _one_url(url: str | None, url_env: str | None) -> None:
+    if (url is None) == (url_env is None):
+        raise ValueError("give exactly one of url or url_env")
+
+
+Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
 
 
 _PATH_FIELDS = frozenset({"partition", "start", "end"})
@@ -86,50 +106,44 @@ def _path_template(value: str) -> str:
     try:
         fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
     except ValueError:
-        raise ValueError(
+        raise _Invalid(
+            "path",
             f"{value!r} has an unbalanced brace; placeholders are {{partition}}, "
-            "{start:%Y-%m-%d} and {end:%Y-%m-%d}"
+            "{start:%Y-%m-%d} and {end:%Y-%m-%d}",
         ) from None
     unknown = sorted(fields - _PATH_FIELDS)
     if unknown:
-        raise ValueError(
+        raise _Invalid(
+            "path",
             f"unknown placeholder(s) {unknown} in the path; use {{partition}}, "
-            "{start:FORMAT} or {end:FORMAT}"
+            "{start:FORMAT} or {end:FORMAT}",
         )
     return value
 
 
-class _SourceConfig(_Model):
+class _SourceConfig(_Model, kw_only=True):
     path: str
     columns: dict[Identifier, ColumnType] | None = None
 
-    @field_validator("columns")
-    @classmethod
-    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
-        for name in value or {}:
-            _identifier(name)
-        return value
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        return _path_template(value)
+    def __post_init__(self) -> None:
+        _path_template(self.path)
+        _names(self.columns or {}, "columns")
 
 
-class CsvSourceConfig(_SourceConfig):
+class CsvSourceConfig(_SourceConfig, kw_only=True):
     kind: Literal["csv"]
-    delimiter: str = Field(",", min_length=1, max_length=1)
+    delimiter: Annotated[str, msgspec.Meta(min_length=1, max_length=1)] = ","
 
 
-class JsonlSourceConfig(_SourceConfig):
+class JsonlSourceConfig(_SourceConfig, kw_only=True):
     kind: Literal["jsonl"]
 
 
-class ParquetSourceConfig(_SourceConfig):
+class ParquetSourceConfig(_SourceConfig, kw_only=True):
     kind: Literal["parquet"]
 
 
-class _SqlSourceConfig(_Model):
+class _SqlSourceConfig(_Model, kw_only=True):
     """An incremental SQL table source: rows with ``start <= cursor_column < cut``."""
 
     url: str | None = None
@@ -138,39 +152,22 @@ class _SqlSourceConfig(_Model):
     cursor_column: Identifier = "updated_at"
     columns: dict[Identifier, ColumnType] | None = None
 
-    @field_validator("table")
-    @classmethod
-    def _table(cls, value: str) -> str:
-        return _identifier(value, qualified=True)
-
-    @field_validator("cursor_column")
-    @classmethod
-    def _cursor(cls, value: str) -> str:
-        return _identifier(value)
-
-    @field_validator("columns")
-    @classmethod
-    def _columns(cls, value: dict[str, ColumnType] | None) -> dict[str, ColumnType] | None:
-        for name in value or {}:
-            _identifier(name)
-        return value
-
-    @model_validator(mode="after")
-    def _one_url(self) -> _SqlSourceConfig:
-        if (self.url is None) == (self.url_env is None):
-            raise ValueError("give exactly one of url or url_env")
-        return self
+    def __post_init__(self) -> None:
+        _identifier(self.table, "table", qualified=True)
+        _identifier(self.cursor_column, "cursor_column")
+        _names(self.columns or {}, "columns")
+        _one_url(self.url, self.url_env)
 
 
-class PostgresTableSourceConfig(_SqlSourceConfig):
+class PostgresTableSourceConfig(_SqlSourceConfig, kw_only=True):
     kind: Literal["postgres_table"]
 
 
-class MariaDbTableSourceConfig(_SqlSourceConfig):
+class MariaDbTableSourceConfig(_SqlSourceConfig, kw_only=True):
     kind: Literal["mariadb_table"]
 
 
-class SqliteTableSourceConfig(_SqlSourceConfig):
+class SqliteTableSourceConfig(_SqlSourceConfig, kw_only=True):
     kind: Literal["sqlite_table"]
 
 
@@ -181,7 +178,7 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class IncrementalConfig(_Model):
+class IncrementalConfig(_Model, kw_only=True):
     """Checkpointed (watermarked) loads: each COMPLETE interval moves the stream's watermark.
 
     ``start`` is the first watermark. A run without an explicit interval loads
@@ -190,57 +187,42 @@ class IncrementalConfig(_Model):
     """
 
     start: datetime
-    lag_seconds: float = Field(0.0, ge=0, le=31_536_000)
-    max_interval_seconds: float | None = Field(None, gt=0)
+    lag_seconds: Annotated[float, msgspec.Meta(ge=0, le=31_536_000)] = 0.0
+    max_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
-    @field_validator("start")
-    @classmethod
-    def _start(cls, value: datetime) -> datetime:
-        return _utc(value)
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "start", _utc(self.start))
 
 
-class CustomAuditConfig(_Model):
+class CustomAuditConfig(_Model, kw_only=True):
     name: Identifier
     # a SELECT whose rows are violations; {table} stands for the target table
-    query: str = Field(min_length=1, max_length=8192)
+    query: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _identifier(value)
-
-    @field_validator("query")
-    @classmethod
-    def _query(cls, value: str) -> str:
-        text = value.strip().rstrip(";").strip()
+    def __post_init__(self) -> None:
+        _identifier(self.name, "name")
+        text = self.query.strip().rstrip(";").strip()
         if not text.lower().startswith(("select", "with")) or ";" in text:
-            raise ValueError(
+            raise _Invalid(
+                "query",
                 "an audit query must be one SELECT (or WITH ... SELECT) statement whose "
-                "rows are the violations; use {table} for the target table"
+                "rows are the violations; use {table} for the target table",
             )
-        return text
+        msgspec.structs.force_setattr(self, "query", text)
 
 
-class AuditsConfig(_Model):
+class AuditsConfig(_Model, kw_only=True):
     """Write-audit-publish audits, run inside the write transaction before it commits."""
 
-    min_rows: int | None = Field(None, ge=0)
-    max_rows: int | None = Field(None, ge=0)
-    not_null: list[Identifier] = Field(default_factory=list)
-    unique_key: list[Identifier] = Field(default_factory=list)
-    sql: list[CustomAuditConfig] = Field(default_factory=list)
+    min_rows: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    max_rows: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    not_null: list[Identifier] = []
+    unique_key: list[Identifier] = []
+    sql: list[CustomAuditConfig] = []
 
-    @field_validator("not_null", "unique_key")
-    @classmethod
-    def _names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            _identifier(name)
-        if len(set(value)) != len(value):
-            raise ValueError("column names must be distinct")
-        return value
-
-    @model_validator(mode="after")
-    def _bounds(self) -> AuditsConfig:
+    def __post_init__(self) -> None:
+        _names(self.not_null, "not_null", distinct="column names")
+        _names(self.unique_key, "unique_key", distinct="column names")
         if (
             self.min_rows is not None
             and self.max_rows is not None
@@ -250,79 +232,53 @@ class AuditsConfig(_Model):
         names = [a.name for a in self.sql]
         if len(set(names)) != len(names):
             raise ValueError("audit names in sql must be distinct")
-        return self
 
 
 _AUDITED_TARGETS = frozenset({"sqlite", "postgres", "mariadb", "mysql", "duckdb"})
 
 
-class SqliteTargetConfig(_Model):
+class SqliteTargetConfig(_Model, kw_only=True):
     kind: Literal["sqlite"]
     url: str | None = None
     url_env: str | None = None
     table: str
 
-    @field_validator("table")
-    @classmethod
-    def _table(cls, value: str) -> str:
-        return _identifier(value, qualified=True)
-
-    @model_validator(mode="after")
-    def _one_url(self) -> SqliteTargetConfig:
-        if (self.url is None) == (self.url_env is None):
-            raise ValueError("give exactly one of url or url_env")
-        return self
+    def __post_init__(self) -> None:
+        _identifier(self.table, "table", qualified=True)
+        _one_url(self.url, self.url_env)
 
 
-class PostgresTargetConfig(_Model):
+class PostgresTargetConfig(_Model, kw_only=True):
     kind: Literal["postgres"]
     url: str | None = None
     url_env: str | None = None
     table: str
     fence_schema: Identifier = "dpone"
-    lock_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    lock_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
 
-    @field_validator("table")
-    @classmethod
-    def _table(cls, value: str) -> str:
-        return _identifier(value, qualified=True)
-
-    @field_validator("fence_schema")
-    @classmethod
-    def _fence_schema(cls, value: str) -> str:
-        return _identifier(value)
-
-    @model_validator(mode="after")
-    def _one_url(self) -> PostgresTargetConfig:
-        if (self.url is None) == (self.url_env is None):
-            raise ValueError("give exactly one of url or url_env")
-        return self
+    def __post_init__(self) -> None:
+        _identifier(self.table, "table", qualified=True)
+        _identifier(self.fence_schema, "fence_schema")
+        _one_url(self.url, self.url_env)
 
 
-class _UrlTargetConfig(_Model):
+class _UrlTargetConfig(_Model, kw_only=True):
     url: str | None = None
     url_env: str | None = None
     table: str
-    lock_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    lock_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
 
-    @field_validator("table")
-    @classmethod
-    def _table(cls, value: str) -> str:
-        return _identifier(value, qualified=True)
-
-    @model_validator(mode="after")
-    def _one_url(self) -> _UrlTargetConfig:
-        if (self.url is None) == (self.url_env is None):
-            raise ValueError("give exactly one of url or url_env")
-        return self
+    def __post_init__(self) -> None:
+        _identifier(self.table, "table", qualified=True)
+        _one_url(self.url, self.url_env)
 
 
-class MariaDbTargetConfig(_UrlTargetConfig):
+class MariaDbTargetConfig(_UrlTargetConfig, kw_only=True):
     kind: Literal["mariadb", "mysql"]
     fence_schema: Identifier | None = None
 
 
-class DuckDbTargetConfig(_UrlTargetConfig):
+class DuckDbTargetConfig(_UrlTargetConfig, kw_only=True):
     kind: Literal["duckdb"]
 
 
@@ -347,36 +303,32 @@ def plugin_kinds() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=CONNECTOR_GROUP))
 
 
-class PluginTargetConfig(BaseModel):
-    """A target of a third-party connector; its options go to the connector's factory."""
+class PluginTargetConfig(msgspec.Struct, frozen=True):
+    """A target of a third-party connector; its options go to the connector's factory.
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    Built by :func:`_target` from the section as written (strings not stripped): ``kind``
+    and, in ``extra``, every other field.
+    """
+
     kind: str
-
-    @field_validator("kind")
-    @classmethod
-    def _installed(cls, value: str) -> str:
-        if value not in plugin_kinds():
-            raise ValueError(
-                f"unknown target kind {value!r}: built-in kinds are "
-                f"{', '.join(_BUILTIN_TARGETS)}; installed connector packages provide "
-                f"{', '.join(plugin_kinds()) or 'none'}"
-            )
-        return value
+    extra: dict[str, Any] = {}
 
     def options(self) -> dict[str, object]:
         """The options given beside ``kind``."""
-        return dict(self.model_extra or {})
+        return dict(self.extra)
+
+    if not TYPE_CHECKING:  # an option reads as an attribute too (getattr(target, "table"))
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__") or name == "extra":
+                raise AttributeError(name)
+            try:
+                return self.extra[name]
+            except KeyError:
+                raise AttributeError(name) from None
 
 
-def _target_tag(value: object) -> str:
-    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    if kind == "mysql":
-        return "mariadb"
-    return kind if kind in _BUILTIN_TARGETS else "plugin"
-
-
-class JsonlAppendTargetConfig(_Model):
+class JsonlAppendTargetConfig(_Model, kw_only=True):
     kind: Literal["jsonl_append"]
     path: str
 
@@ -384,7 +336,7 @@ class JsonlAppendTargetConfig(_Model):
 _CREDENTIAL_REF = r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$"
 
 
-class RestTargetConfig(_Model):
+class RestTargetConfig(_Model, kw_only=True):
     """A REST bulk receiver: the source is delivered as asynchronous remote jobs (section 14).
 
     The file names the receiver (``url`` or the variable ``url_env``), a credential
@@ -396,41 +348,36 @@ class RestTargetConfig(_Model):
     url: str | None = None
     url_env: str | None = None
     credential: str | None = None
-    capacity: int | None = Field(None, ge=1, le=10_000)
-    rows_per_child: int | None = Field(None, ge=1, le=100_000_000)
-    chunk_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
-    poll_interval_seconds: float = Field(5.0, ge=0.05, le=86_400)
-    wait_budget_seconds: float = Field(30.0, ge=0, le=86_400)
-    request_timeout_seconds: float = Field(10.0, gt=0, le=600)
-    submit_lease_seconds: float = Field(60.0, gt=0, le=86_400)
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
+    rows_per_child: Annotated[int, msgspec.Meta(ge=1, le=100_000_000)] | None = None
+    chunk_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 1 << 20
+    poll_interval_seconds: Annotated[float, msgspec.Meta(ge=0.05, le=86_400)] = 5.0
+    wait_budget_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 30.0
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=600)] = 10.0
+    submit_lease_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
     staging_dir: str = ".dpone/staging"
 
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        return None if value is None else _receiver_url(value)
+    def __post_init__(self) -> None:
+        if self.url is not None:
+            try:
+                msgspec.structs.force_setattr(self, "url", _receiver_url(self.url))
+            except ValueError as exc:
+                raise _Invalid("url", str(exc)) from None
+        if self.credential is not None:
+            import re
 
-    @field_validator("credential")
-    @classmethod
-    def _credential(cls, value: str | None) -> str | None:
-        import re
-
-        if value is not None and not re.match(_CREDENTIAL_REF, value):
-            raise ValueError(
-                "the credential must be a reference, env:NAME or file:PATH, never the token itself"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _one_url(self) -> RestTargetConfig:
-        if (self.url is None) == (self.url_env is None):
-            raise ValueError("give exactly one of url or url_env")
+            if not re.match(_CREDENTIAL_REF, self.credential):
+                raise _Invalid(
+                    "credential",
+                    "the credential must be a reference, env:NAME or file:PATH, never the "
+                    "token itself",
+                )
+        _one_url(self.url, self.url_env)
         if self.submit_lease_seconds <= self.request_timeout_seconds:
             raise ValueError(
                 "submit_lease_seconds must exceed request_timeout_seconds (a live submit "
                 "must never look abandoned)"
             )
-        return self
 
 
 def _receiver_url(value: str) -> str:
@@ -453,7 +400,7 @@ def _receiver_url(value: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
-class PublicationTargetConfig(_Model):
+class PublicationTargetConfig(_Model, kw_only=True):
     """The target of a publication workload: the object store named in ``publication``."""
 
     kind: Literal["publication"]
@@ -462,14 +409,14 @@ class PublicationTargetConfig(_Model):
 _PARTITION_RE = r"^[A-Za-z0-9][A-Za-z0-9_=-]{0,127}$"
 
 
-class LocalStoreConfig(_Model):
+class LocalStoreConfig(_Model, kw_only=True):
     kind: Literal["local"]
     path: str
 
 
-class S3StoreConfig(_Model):
+class S3StoreConfig(_Model, kw_only=True):
     kind: Literal["s3"]
-    bucket: str = Field(min_length=3, max_length=63)
+    bucket: Annotated[str, msgspec.Meta(min_length=3, max_length=63)]
     prefix: str = ""
     endpoint: str | None = None
     endpoint_env: str | None = None
@@ -478,60 +425,49 @@ class S3StoreConfig(_Model):
     access_key_id_env: str | None = None
     secret_access_key_env: str | None = None
 
-    @model_validator(mode="after")
-    def _pairs(self) -> S3StoreConfig:
+    def __post_init__(self) -> None:
         if self.endpoint is not None and self.endpoint_env is not None:
             raise ValueError("give at most one of endpoint or endpoint_env")
         if (self.access_key_id_env is None) != (self.secret_access_key_env is None):
             raise ValueError("give both access_key_id_env and secret_access_key_env, or neither")
-        return self
 
 
-class AuditConfig(_Model):
-    min_rows: int = Field(default=0, ge=0)
-    not_null: list[Identifier] = Field(default_factory=list)
+class AuditConfig(_Model, kw_only=True):
+    min_rows: Annotated[int, msgspec.Meta(ge=0)] = 0
+    not_null: list[Identifier] = []
 
-    @field_validator("not_null")
-    @classmethod
-    def _names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            _identifier(name)
-        return value
+    def __post_init__(self) -> None:
+        _names(self.not_null, "not_null")
 
 
-class PublicationConfig(_Model):
+class PublicationConfig(_Model, kw_only=True):
     """Write-audit-publish of one dataset: partitions -> staging generation -> manifest."""
 
     dataset: Identifier
     interval: str | None = None  # fixed START/END; else each command's --interval
-    store: Annotated[LocalStoreConfig | S3StoreConfig, Field(discriminator="kind")]
+    store: StoreConfig
     format: Literal["parquet", "csv"] = "parquet"
-    partitions: list[Annotated[str, Field(pattern=_PARTITION_RE)]] | None = None
+    partitions: list[Annotated[str, msgspec.Meta(pattern=_PARTITION_RE)]] | None = None
     partitions_from_source: bool = False
-    audits: AuditConfig = Field(default_factory=AuditConfig)
-    retention_hours: float = Field(168.0, ge=0)
+    audits: AuditConfig = msgspec.field(default_factory=AuditConfig)
+    retention_hours: Annotated[float, msgspec.Meta(ge=0)] = 168.0
     # optional pinned source manifest: partition -> sha256:<hex> of its source file
-    source_hashes: dict[str, Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]] | None = None
+    source_hashes: (
+        dict[str, Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]] | None
+    ) = None
 
-    @field_validator("dataset")
-    @classmethod
-    def _dataset(cls, value: str) -> str:
-        return _identifier(value)
+    def __post_init__(self) -> None:
+        _identifier(self.dataset, "dataset")
+        if self.interval is not None:
+            from dpone.contracts.identity import parse_interval
 
-    @field_validator("interval")
-    @classmethod
-    def _interval(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        from dpone.contracts.identity import parse_interval
-
-        try:
-            return parse_interval(value).canonical()
-        except ConfigInvalid as exc:
-            raise ValueError(exc.message) from None
-
-    @model_validator(mode="after")
-    def _one_partition_set(self) -> PublicationConfig:
+            try:
+                canonical = parse_interval(self.interval).canonical()
+            except ConfigInvalid as exc:
+                raise _Invalid("interval", exc.message) from None
+            msgspec.structs.force_setattr(self, "interval", canonical)
+        store = _part(self.store, "store", _STORES, "store kind")
+        msgspec.structs.force_setattr(self, "store", store)
         if (self.partitions is None) == (not self.partitions_from_source):
             raise ValueError(
                 "give the expected partitions: either partitions: [p1, p2, ...] or "
@@ -542,31 +478,18 @@ class PublicationConfig(_Model):
                 raise ValueError("partitions must not be empty")
             if len(set(self.partitions)) != len(self.partitions):
                 raise ValueError("partitions must be distinct")
-        return self
 
 
-class LoadConfig(_Model):
+class LoadConfig(_Model, kw_only=True):
     strategy: LoadStrategy
-    key: list[Identifier] = Field(default_factory=list)
+    key: list[Identifier] = []
     interval_column: Identifier | None = None
-    batch_size: int = Field(10_000, ge=1, le=1_000_000)
+    batch_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 10_000
 
-    @field_validator("key")
-    @classmethod
-    def _key(cls, value: list[str]) -> list[str]:
-        for name in value:
-            _identifier(name)
-        if len(set(value)) != len(value):
-            raise ValueError("key columns must be distinct")
-        return value
-
-    @field_validator("interval_column")
-    @classmethod
-    def _interval_column(cls, value: str | None) -> str | None:
-        return None if value is None else _identifier(value)
-
-    @model_validator(mode="after")
-    def _strategy_needs(self) -> LoadConfig:
+    def __post_init__(self) -> None:
+        _names(self.key, "key", distinct="key columns")
+        if self.interval_column is not None:
+            _identifier(self.interval_column, "interval_column")
         if self.strategy is LoadStrategy.MERGE and not self.key:
             raise ValueError("strategy merge needs key: [column, ...] (the upsert key)")
         if self.strategy is LoadStrategy.REPLACE_INTERVAL and not self.interval_column:
@@ -574,85 +497,102 @@ class LoadConfig(_Model):
                 "strategy replace_interval needs interval_column (the column whose value "
                 "places a row in an interval)"
             )
-        return self
 
 
-class RecoveryPolicy(_Model):
-    authorized_principals: list[str] = Field(default_factory=list)
+class RecoveryPolicy(_Model, kw_only=True):
+    authorized_principals: list[str] = []
 
 
-class RetryConfig(_Model):
+class RetryConfig(_Model, kw_only=True):
     """Retries of transient failures inside one run (docs/runs-and-retries.md); off by default."""
 
-    attempts: int = Field(default=1, ge=1, le=100)
-    budget_seconds: float = Field(default=60.0, gt=0, le=86_400)
-    wait_initial_seconds: float = Field(default=0.5, ge=0, le=3_600)
-    wait_max_seconds: float = Field(default=10.0, ge=0, le=3_600)
-    wait_jitter_seconds: float = Field(default=0.5, ge=0, le=3_600)
-    wait_exp_base: float = Field(default=2.0, ge=1, le=10)
+    attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
+    budget_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
+    wait_initial_seconds: Annotated[float, msgspec.Meta(ge=0, le=3_600)] = 0.5
+    wait_max_seconds: Annotated[float, msgspec.Meta(ge=0, le=3_600)] = 10.0
+    wait_jitter_seconds: Annotated[float, msgspec.Meta(ge=0, le=3_600)] = 0.5
+    wait_exp_base: Annotated[float, msgspec.Meta(ge=1, le=10)] = 2.0
 
 
-class Workload(_Model):
-    """A validated workload file. ``base_dir`` anchors relative paths and URLs."""
+_SOURCES: dict[str, type[_Model]] = {
+    "csv": CsvSourceConfig,
+    "jsonl": JsonlSourceConfig,
+    "parquet": ParquetSourceConfig,
+    "postgres_table": PostgresTableSourceConfig,
+    "mariadb_table": MariaDbTableSourceConfig,
+    "sqlite_table": SqliteTableSourceConfig,
+}
+_TARGETS: dict[str, type[_Model]] = {
+    "sqlite": SqliteTargetConfig,
+    "postgres": PostgresTargetConfig,
+    "mariadb": MariaDbTargetConfig,
+    "mysql": MariaDbTargetConfig,
+    "duckdb": DuckDbTargetConfig,
+    "jsonl_append": JsonlAppendTargetConfig,
+    "publication": PublicationTargetConfig,
+    "rest": RestTargetConfig,
+}
+_STORES: dict[str, type[_Model]] = {"local": LocalStoreConfig, "s3": S3StoreConfig}
 
-    workload: Identifier
-    release: str = Field(min_length=1, max_length=128)
-    deployment: str = Field(min_length=1, max_length=128)
-    journal: str | None = None
-    journal_env: str | None = None
-    journal_schema: Identifier = "dpone"
-    lease_ttl_seconds: float = Field(60.0, gt=0, le=86_400)
-    source: Annotated[
+if TYPE_CHECKING:
+    SourceConfig: TypeAlias = (
         CsvSourceConfig
         | JsonlSourceConfig
         | ParquetSourceConfig
         | PostgresTableSourceConfig
         | MariaDbTableSourceConfig
-        | SqliteTableSourceConfig,
-        Field(discriminator="kind"),
-    ]
-    target: Annotated[
-        Annotated[SqliteTargetConfig, Tag("sqlite")]
-        | Annotated[PostgresTargetConfig, Tag("postgres")]
-        | Annotated[MariaDbTargetConfig, Tag("mariadb")]
-        | Annotated[DuckDbTargetConfig, Tag("duckdb")]
-        | Annotated[JsonlAppendTargetConfig, Tag("jsonl_append")]
-        | Annotated[PublicationTargetConfig, Tag("publication")]
-        | Annotated[RestTargetConfig, Tag("rest")]
-        | Annotated[PluginTargetConfig, Tag("plugin")],
-        Discriminator(_target_tag),
-    ]
+        | SqliteTableSourceConfig
+    )
+    TargetConfig: TypeAlias = (
+        SqliteTargetConfig
+        | PostgresTargetConfig
+        | MariaDbTargetConfig
+        | DuckDbTargetConfig
+        | JsonlAppendTargetConfig
+        | PublicationTargetConfig
+        | RestTargetConfig
+        | PluginTargetConfig
+    )
+    StoreConfig: TypeAlias = LocalStoreConfig | S3StoreConfig
+else:
+    # msgspec tells Structs in a union apart only by a tag, which would hide ``kind``
+    # from attribute access: these fields arrive as mappings and __post_init__ validates
+    # each against the class its ``kind`` names (_part)
+    SourceConfig = TargetConfig = StoreConfig = Any
+
+
+class Workload(_Model, kw_only=True):
+    """A validated workload file. ``base_dir`` anchors relative paths and URLs."""
+
+    workload: Identifier
+    release: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    deployment: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    journal: str | None = None
+    journal_env: str | None = None
+    journal_schema: Identifier = "dpone"
+    lease_ttl_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
+    source: SourceConfig
+    target: TargetConfig
     load: LoadConfig
-    recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
+    recovery: RecoveryPolicy = msgspec.field(default_factory=RecoveryPolicy)
     incremental: IncrementalConfig | None = None
     audits: AuditsConfig | None = None
-    retry: RetryConfig = RetryConfig()  # frozen: one shared default is safe
+    retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     # deployment policy: recover automatically only on a route with valid certification
     # evidence (dpone certify) for this connector, capability and target database
     require_certified: bool = False
     certification_dir: str | None = None
     #: write-audit-publish of partitions into an object store (docs/publication.md)
     publication: PublicationConfig | None = None
-    base_dir: Path = Field(default=Path(), exclude=True)
+    base_dir: Path = Path()  # not in the file: the file's directory (to_json_dict omits it)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _publication_defaults(cls, data: Any) -> Any:
-        """A publication workload needs no target or load: its target is the store."""
-        if isinstance(data, dict) and data.get("publication") is not None:
-            data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
-        target = data.get("target") if isinstance(data, dict) else None
-        if isinstance(target, dict) and target.get("kind") == "rest" and "load" not in data:
-            data = {**data, "load": {"strategy": "append"}}  # a receiver job appends
-        return data
-
-    @field_validator("workload", "journal_schema")
-    @classmethod
-    def _workload(cls, value: str) -> str:
-        return _identifier(value)
-
-    @model_validator(mode="after")
-    def _journal_once(self) -> Workload:
+    def __post_init__(self) -> None:
+        _identifier(self.workload, "workload")
+        _identifier(self.journal_schema, "journal_schema")
+        msgspec.structs.force_setattr(
+            self, "source", _part(self.source, "source", _SOURCES, "source kind")
+        )
+        msgspec.structs.force_setattr(self, "target", _target(self.target))
         if self.journal is not None and self.journal_env is not None:
             raise ValueError("give at most one of journal or journal_env")
         if self.target.kind == "jsonl_append" and self.load.strategy is not LoadStrategy.APPEND:
@@ -679,7 +619,6 @@ class Workload(_Model):
                     "a publication reads one source file per partition: put {partition} "
                     "in source.path"
                 )
-        return self
 
     # -------------------------------------------------------------- resolution
     def resolve_path(self, raw: str) -> Path:
@@ -796,49 +735,162 @@ def resolve_sqlite_url(url: str, *, base_dir: Path, field: str) -> Path:
     return path
 
 
-_UNION_TAGS = frozenset(
-    {
-        "csv",
-        "jsonl",
-        "parquet",
-        "postgres_table",
-        "mariadb_table",
-        "sqlite_table",
-        "sqlite",
-        "postgres",
-        "mariadb",
-        "duckdb",
-        "jsonl_append",
-        "rest",
-        "plugin",
-        "local",
-        "s3",
-    }
-)
+# ------------------------------------------------------------------ validation
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 
-def _format(error: ValidationError) -> ConfigInvalid:
-    lines = []
-    first_field = None
-    for item in error.errors():
-        loc = ".".join(
-            str(p) for p in item["loc"] if not str(p).startswith(("function-", "tagged"))
+def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str) -> _S:
+    """Validate the section ``value`` against the class its ``kind`` names."""
+    if isinstance(value, msgspec.Struct):  # already validated (replace() of a Workload)
+        return value  # type: ignore[return-value]
+    if not isinstance(value, dict):
+        raise _Invalid(field, f"Expected a mapping with a kind, got {_type_name(value)}")
+    if "kind" not in value:
+        raise _Invalid(f"{field}.kind", "Field required", "add it")
+    cls = classes.get(value["kind"]) if isinstance(value["kind"], str) else None
+    if cls is None:
+        raise _Invalid(
+            f"{field}.kind",
+            f"{value['kind']!r} is not a {what}",
+            "use one of: " + ", ".join(repr(k) for k in classes),
         )
-        # drop the union tags pydantic puts in the location: "target.sqlite.url" -> "target.url"
-        parts = [p for p in loc.split(".") if p not in _UNION_TAGS]
-        loc = ".".join(parts)
-        first_field = first_field or loc or "workload"
-        message = item["msg"].removeprefix("Value error, ")
-        fix = _FIXES.get(item["type"], "")
-        if item["type"] in ("literal_error", "enum", "union_tag_invalid") and item.get("ctx"):
-            expected = item["ctx"].get("expected") or item["ctx"].get("expected_tags")
-            fix = f"use one of: {expected}" if expected else fix
-        lines.append(f"{loc or '(top level)'}: {message}" + (f" -> {fix}" if fix else ""))
-    return ConfigInvalid(
-        "workload file is invalid:\n  " + "\n  ".join(lines),
-        field=first_field,
-        hint="fix the fields listed above; see the README for a complete workload file",
-    )
+    try:
+        return msgspec.convert(value, cls, strict=False)
+    except msgspec.ValidationError as exc:
+        inner, message, fix = _explain(exc)
+        raise _Invalid(".".join([field, *inner]), message, fix) from None
+
+
+def _target(value: object) -> SqliteTargetConfig | PluginTargetConfig | _Model:
+    """A built-in target's section, or a third-party connector's (kind and options)."""
+    kind = value.get("kind") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or kind in _BUILTIN_TARGETS or "kind" not in value:
+        return _part(value, "target", _TARGETS, "target kind")
+    if not isinstance(kind, str):
+        raise _Invalid("target.kind", f"Expected `str`, got {_type_name(kind)}")
+    installed = plugin_kinds()
+    if kind not in installed:
+        raise _Invalid(
+            "target.kind",
+            f"unknown target kind {kind!r}: built-in kinds are "
+            f"{', '.join(_BUILTIN_TARGETS)}; installed connector packages provide "
+            f"{', '.join(installed) or 'none'}",
+        )
+    return PluginTargetConfig(kind=kind, extra={k: v for k, v in value.items() if k != "kind"})
+
+
+def _type_name(value: object) -> str:
+    return "`null`" if value is None else f"`{type(value).__name__}`"
+
+
+#: what the enum-like fields accept, for the hint of an invalid value
+_CHOICES = {
+    "strategy": [s.value for s in LoadStrategy],
+    "columns": [t.value for t in ColumnType],
+    "format": ["parquet", "csv"],
+    "kind": [],
+}
+_TYPE_WORDS = {
+    "object": "a mapping",
+    "array": "a list",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "null": "null",
+    "datetime": "a timestamp",
+}
+_BOUND_WORDS = {
+    ">=": "greater than or equal to",
+    ">": "greater than",
+    "<=": "less than or equal to",
+    "<": "less than",
+}
+
+
+def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
+    """The field path, message and fix of msgspec's (first) error, in the file's terms."""
+    import re
+
+    text = str(error)
+    found = re.fullmatch(r"(?s)(.*?)(?: - at (`key` in )?`\$([^`]*)`)?", text)
+    message, key, path = found.groups() if found else (text, None, "")
+    # "$.audits.sql[0].query" -> audits.sql.0.query; a dict value's key is not named ([...])
+    parts = [p for p in re.split(r"[.\[\]]+", path or "") if p and p != "..."]
+    cause = error.__cause__
+    if isinstance(cause, _Invalid):
+        return parts + [p for p in cause.field.split(".") if p], cause.message, cause.fix
+    fix = ""
+    if named := re.fullmatch(r"Object contains unknown field `(.+)`", message):
+        parts.append(named[1])
+        message, fix = "Extra inputs are not permitted", _EXTRA_FIX
+    elif named := re.fullmatch(r"Object missing required field `(.+)`", message):
+        parts.append(named[1])
+        message, fix = "Field required", "add it"
+    elif bound := re.fullmatch(r"Expected `(?:int|float)` (>=|>|<=|<) (\S+)", message):
+        message = f"Input should be {_BOUND_WORDS[bound[1]]} {bound[2].removesuffix('.0')}"
+    elif types := re.fullmatch(r"Expected `([^`]+)`, got `(\w+)`", message):
+        expected = " or ".join(_TYPE_WORDS.get(t, t) for t in types[1].split(" | "))
+        message = f"Input should be {expected}, got {_TYPE_WORDS.get(types[2], types[2])}"
+        if types[1] == "str" and types[2] in ("int", "float"):
+            fix = 'put it in quotes (YAML reads 2026.11 as a number, "2026.11" as text)'
+    elif message == "Invalid RFC3339 encoded datetime":
+        message = "Input should be a timestamp such as 2026-11-01T00:00:00Z"
+    elif length := re.fullmatch(r"Expected `str` of length (>=|<=) (\d+)", message):
+        count = f"{length[2]} character" + ("" if length[2] == "1" else "s")
+        message = f"String should have {'at least' if length[1] == '>=' else 'at most'} {count}"
+    elif pattern := re.fullmatch(r"Expected `str` matching regex (.+)", message):
+        message = f"String should match pattern {pattern[1]}"
+    elif value := re.fullmatch(r"Invalid enum value (.+)", message):
+        message = f"Input {value[1]} is not allowed"
+        choices = _CHOICES.get(parts[-1] if parts else "")
+        fix = "use one of: " + ", ".join(repr(c) for c in choices) if choices else ""
+    if key:
+        message = f"a name: {message}"
+    return parts, message, fix
+
+
+def _lenient(data: dict[str, Any]) -> dict[str, Any]:
+    """What the file means before it is checked: defaults by section, spaces stripped.
+
+    A publication workload needs no target or load (its target is the store) and a rest
+    target's load is an append. Surrounding spaces are stripped from every string, but a
+    third-party connector's options go to it as written. ``incremental.start`` may be a
+    date or any ISO 8601 timestamp, as YAML authors write it.
+    """
+    if data.get("publication") is not None:
+        data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
+    target = data.get("target")
+    if isinstance(target, dict) and target.get("kind") == "rest" and "load" not in data:
+        data = {**data, "load": {"strategy": "append"}}  # a receiver job appends
+    plugin = isinstance(target, dict) and _stripped(target.get("kind")) not in _BUILTIN_TARGETS
+    data = {k: (v if k == "target" and plugin else _stripped(v)) for k, v in data.items()}
+    incremental = data.get("incremental")
+    if isinstance(incremental, dict) and "start" in incremental:
+        data["incremental"] = {**incremental, "start": _timestamp(incremental["start"])}
+    return data
+
+
+def _stripped(value: object) -> object:
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, dict):
+        return {_stripped(k): _stripped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_stripped(v) for v in value]
+    return value
+
+
+def _timestamp(value: object) -> object:
+    """A date or an ISO 8601 string as a datetime; anything else as given (msgspec checks)."""
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return datetime(value.year, value.month, value.day)
+    if isinstance(value, str) and not value.isdigit():
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    return value
 
 
 def parse_workload(data: Any, *, base_dir: Path) -> Workload:
@@ -850,13 +902,22 @@ def parse_workload(data: Any, *, base_dir: Path) -> Workload:
             hint="start from the README's workload example",
         )
     try:
-        return Workload.model_validate({**data, "base_dir": base_dir})
-    except ValidationError as exc:
-        raise _format(exc) from None
+        return msgspec.convert({**_lenient(data), "base_dir": base_dir}, Workload, strict=False)
+    except msgspec.ValidationError as exc:
+        parts, message, fix = _explain(exc)
+        where = ".".join(parts)
+        raise ConfigInvalid(
+            f"workload file is invalid:\n  {where or '(top level)'}: {message}"
+            + (f" -> {fix}" if fix else ""),
+            field=where or "workload",
+            hint="fix the field named above; see the README for a complete workload file",
+        ) from None
 
 
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload file; every problem is a ``ConfigInvalid``."""
+    import yaml
+
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -881,3 +942,21 @@ def load_workload(path: str | Path) -> Workload:
             hint="check indentation and quoting",
         ) from None
     return parse_workload(data, base_dir=file.resolve().parent)
+
+
+# ------------------------------------------------------------------ helpers for callers
+def to_json_dict(value: msgspec.Struct, *, exclude: Collection[str] = ()) -> dict[str, Any]:
+    """``value``'s fields as JSON types (enums by value, datetimes in ISO 8601).
+
+    The fields named in ``exclude`` are left out, and so is a workload's ``base_dir``.
+    Operation identity digests this rendering (tests/unit/test_identity_pins.py).
+    """
+    skip = {*exclude, "base_dir"} if isinstance(value, Workload) else set(exclude)
+    fields = {name: getattr(value, name) for name in value.__struct_fields__ if name not in skip}
+    rendered: dict[str, Any] = msgspec.to_builtins(fields)
+    return rendered
+
+
+def replace(value: _S, **changes: Any) -> _S:
+    """A copy of the settings ``value`` with ``changes``, checked again (``__post_init__``)."""
+    return msgspec.structs.replace(value, **changes)
