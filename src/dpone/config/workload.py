@@ -70,7 +70,7 @@ class _Invalid(ValueError):
         self.fix = fix
 
 
-def _identifier(value: str, field: str, *, qualified: bool = False) -> str:
+def _identifier(value: str, field: str, *, qualified: bool = False) -> None:
     parts = value.split(".") if qualified else [value]
     if len(parts) > 2 or not all(is_identifier(p) for p in parts):
         shape = "[schema.]name" if qualified else "name"
@@ -79,7 +79,6 @@ def _identifier(value: str, field: str, *, qualified: bool = False) -> str:
             f"{value!r} is not a plain identifier {shape}: use letters, digits and _, "
             "not starting with a digit",
         )
-    return value
 
 
 def _names(values: Collection[str], field: str, *, distinct: str = "") -> None:
@@ -101,7 +100,7 @@ Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
 _PATH_FIELDS = frozenset({"partition", "start", "end"})
 
 
-def _path_template(value: str) -> str:
+def _path_template(value: str) -> None:
     """Check the placeholders of a source path: {partition}, {start:%Y-%m-%d}, {end:...}."""
     try:
         fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
@@ -118,10 +117,9 @@ def _path_template(value: str) -> str:
             f"unknown placeholder(s) {unknown} in the path; use {{partition}}, "
             "{start:FORMAT} or {end:FORMAT}",
         )
-    return value
 
 
-class _SourceConfig(_Model, kw_only=True):
+class _SourceConfig(_Model, kw_only=True, frozen=True):
     path: str
     columns: dict[Identifier, ColumnType] | None = None
 
@@ -130,20 +128,20 @@ class _SourceConfig(_Model, kw_only=True):
         _names(self.columns or {}, "columns")
 
 
-class CsvSourceConfig(_SourceConfig, kw_only=True):
+class CsvSourceConfig(_SourceConfig, kw_only=True, frozen=True):
     kind: Literal["csv"]
     delimiter: Annotated[str, msgspec.Meta(min_length=1, max_length=1)] = ","
 
 
-class JsonlSourceConfig(_SourceConfig, kw_only=True):
+class JsonlSourceConfig(_SourceConfig, kw_only=True, frozen=True):
     kind: Literal["jsonl"]
 
 
-class ParquetSourceConfig(_SourceConfig, kw_only=True):
+class ParquetSourceConfig(_SourceConfig, kw_only=True, frozen=True):
     kind: Literal["parquet"]
 
 
-class _SqlSourceConfig(_Model, kw_only=True):
+class _SqlSourceConfig(_Model, kw_only=True, frozen=True):
     """An incremental SQL table source: rows with ``start <= cursor_column < cut``."""
 
     url: str | None = None
@@ -159,15 +157,15 @@ class _SqlSourceConfig(_Model, kw_only=True):
         _one_url(self.url, self.url_env)
 
 
-class PostgresTableSourceConfig(_SqlSourceConfig, kw_only=True):
+class PostgresTableSourceConfig(_SqlSourceConfig, kw_only=True, frozen=True):
     kind: Literal["postgres_table"]
 
 
-class MariaDbTableSourceConfig(_SqlSourceConfig, kw_only=True):
+class MariaDbTableSourceConfig(_SqlSourceConfig, kw_only=True, frozen=True):
     kind: Literal["mariadb_table"]
 
 
-class SqliteTableSourceConfig(_SqlSourceConfig, kw_only=True):
+class SqliteTableSourceConfig(_SqlSourceConfig, kw_only=True, frozen=True):
     kind: Literal["sqlite_table"]
 
 
@@ -178,7 +176,7 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class IncrementalConfig(_Model, kw_only=True):
+class IncrementalConfig(_Model, kw_only=True, frozen=True):
     """Checkpointed (watermarked) loads: each COMPLETE interval moves the stream's watermark.
 
     ``start`` is the first watermark. A run without an explicit interval loads
@@ -194,7 +192,7 @@ class IncrementalConfig(_Model, kw_only=True):
         msgspec.structs.force_setattr(self, "start", _utc(self.start))
 
 
-class CustomAuditConfig(_Model, kw_only=True):
+class CustomAuditConfig(_Model, kw_only=True, frozen=True):
     name: Identifier
     # a SELECT whose rows are violations; {table} stands for the target table
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
@@ -211,7 +209,7 @@ class CustomAuditConfig(_Model, kw_only=True):
         msgspec.structs.force_setattr(self, "query", text)
 
 
-class AuditsConfig(_Model, kw_only=True):
+class AuditsConfig(_Model, kw_only=True, frozen=True):
     """Write-audit-publish audits, run inside the write transaction before it commits."""
 
     min_rows: Annotated[int, msgspec.Meta(ge=0)] | None = None
@@ -237,7 +235,7 @@ class AuditsConfig(_Model, kw_only=True):
 _AUDITED_TARGETS = frozenset({"sqlite", "postgres", "mariadb", "mysql", "duckdb"})
 
 
-class SqliteTargetConfig(_Model, kw_only=True):
+class SqliteTargetConfig(_Model, kw_only=True, frozen=True):
     kind: Literal["sqlite"]
     url: str | None = None
     url_env: str | None = None
@@ -248,7 +246,7 @@ class SqliteTargetConfig(_Model, kw_only=True):
         _one_url(self.url, self.url_env)
 
 
-class PostgresTargetConfig(_Model, kw_only=True):
+class PostgresTargetConfig(_Model, kw_only=True, frozen=True):
     kind: Literal["postgres"]
     url: str | None = None
     url_env: str | None = None
@@ -262,7 +260,7 @@ class PostgresTargetConfig(_Model, kw_only=True):
         _one_url(self.url, self.url_env)
 
 
-class _UrlTargetConfig(_Model, kw_only=True):
+class _UrlTargetConfig(_Model, kw_only=True, frozen=True):
     url: str | None = None
     url_env: str | None = None
     table: str
@@ -273,12 +271,12 @@ class _UrlTargetConfig(_Model, kw_only=True):
         _one_url(self.url, self.url_env)
 
 
-class MariaDbTargetConfig(_UrlTargetConfig, kw_only=True):
+class MariaDbTargetConfig(_UrlTargetConfig, kw_only=True, frozen=True):
     kind: Literal["mariadb", "mysql"]
     fence_schema: Identifier | None = None
 
 
-class DuckDbTargetConfig(_UrlTargetConfig, kw_only=True):
+class DuckDbTargetConfig(_UrlTargetConfig, kw_only=True, frozen=True):
     kind: Literal["duckdb"]
 
 
@@ -328,7 +326,7 @@ class PluginTargetConfig(msgspec.Struct, frozen=True):
                 raise AttributeError(name) from None
 
 
-class JsonlAppendTargetConfig(_Model, kw_only=True):
+class JsonlAppendTargetConfig(_Model, kw_only=True, frozen=True):
     kind: Literal["jsonl_append"]
     path: str
 
@@ -336,7 +334,7 @@ class JsonlAppendTargetConfig(_Model, kw_only=True):
 _CREDENTIAL_REF = r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$"
 
 
-class RestTargetConfig(_Model, kw_only=True):
+class RestTargetConfig(_Model, kw_only=True, frozen=True):
     """A REST bulk receiver: the source is delivered as asynchronous remote jobs (section 14).
 
     The file names the receiver (``url`` or the variable ``url_env``), a credential
@@ -400,7 +398,7 @@ def _receiver_url(value: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
-class PublicationTargetConfig(_Model, kw_only=True):
+class PublicationTargetConfig(_Model, kw_only=True, frozen=True):
     """The target of a publication workload: the object store named in ``publication``."""
 
     kind: Literal["publication"]
@@ -409,12 +407,12 @@ class PublicationTargetConfig(_Model, kw_only=True):
 _PARTITION_RE = r"^[A-Za-z0-9][A-Za-z0-9_=-]{0,127}$"
 
 
-class LocalStoreConfig(_Model, kw_only=True):
+class LocalStoreConfig(_Model, kw_only=True, frozen=True):
     kind: Literal["local"]
     path: str
 
 
-class S3StoreConfig(_Model, kw_only=True):
+class S3StoreConfig(_Model, kw_only=True, frozen=True):
     kind: Literal["s3"]
     bucket: Annotated[str, msgspec.Meta(min_length=3, max_length=63)]
     prefix: str = ""
@@ -432,7 +430,7 @@ class S3StoreConfig(_Model, kw_only=True):
             raise ValueError("give both access_key_id_env and secret_access_key_env, or neither")
 
 
-class AuditConfig(_Model, kw_only=True):
+class AuditConfig(_Model, kw_only=True, frozen=True):
     min_rows: Annotated[int, msgspec.Meta(ge=0)] = 0
     not_null: list[Identifier] = []
 
@@ -440,7 +438,7 @@ class AuditConfig(_Model, kw_only=True):
         _names(self.not_null, "not_null")
 
 
-class PublicationConfig(_Model, kw_only=True):
+class PublicationConfig(_Model, kw_only=True, frozen=True):
     """Write-audit-publish of one dataset: partitions -> staging generation -> manifest."""
 
     dataset: Identifier
@@ -480,7 +478,7 @@ class PublicationConfig(_Model, kw_only=True):
                 raise ValueError("partitions must be distinct")
 
 
-class LoadConfig(_Model, kw_only=True):
+class LoadConfig(_Model, kw_only=True, frozen=True):
     strategy: LoadStrategy
     key: list[Identifier] = []
     interval_column: Identifier | None = None
@@ -499,11 +497,11 @@ class LoadConfig(_Model, kw_only=True):
             )
 
 
-class RecoveryPolicy(_Model, kw_only=True):
+class RecoveryPolicy(_Model, kw_only=True, frozen=True):
     authorized_principals: list[str] = []
 
 
-class RetryConfig(_Model, kw_only=True):
+class RetryConfig(_Model, kw_only=True, frozen=True):
     """Retries of transient failures inside one run (docs/runs-and-retries.md); off by default."""
 
     attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
@@ -561,7 +559,7 @@ else:
     SourceConfig = TargetConfig = StoreConfig = Any
 
 
-class Workload(_Model, kw_only=True):
+class Workload(_Model, kw_only=True, frozen=True):
     """A validated workload file. ``base_dir`` anchors relative paths and URLs."""
 
     workload: Identifier
@@ -761,7 +759,7 @@ def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str)
         raise _Invalid(".".join([field, *inner]), message, fix) from None
 
 
-def _target(value: object) -> SqliteTargetConfig | PluginTargetConfig | _Model:
+def _target(value: object) -> msgspec.Struct:
     """A built-in target's section, or a third-party connector's (kind and options)."""
     kind = value.get("kind") if isinstance(value, dict) else None
     if not isinstance(value, dict) or kind in _BUILTIN_TARGETS or "kind" not in value:

@@ -1,0 +1,184 @@
+"""Workload validation (msgspec, ADR 0010): what is accepted, how mistakes read, start-up cost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.config.workload import (
+    PluginTargetConfig,
+    RestTargetConfig,
+    Workload,
+    parse_workload,
+    replace,
+    to_json_dict,
+)
+from dpone.errors import ConfigInvalid
+from dpone.testing.crash import write_orders_csv
+
+BASE: dict[str, Any] = {
+    "workload": "w",
+    "release": "r",
+    "deployment": "d",
+    "source": {"kind": "csv", "path": "a.csv"},
+    "target": {"kind": "sqlite", "url": "sqlite:///t.db", "table": "t"},
+    "load": {"strategy": "append"},
+}
+
+
+def _parse(**changes: Any) -> Workload:
+    return parse_workload({**BASE, **changes}, base_dir=Path("/w"))
+
+
+def _invalid(**changes: Any) -> ConfigInvalid:
+    with pytest.raises(ConfigInvalid) as caught:
+        _parse(**changes)
+    assert caught.value.code.value == "DPONE_CONFIG_INVALID"
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"surprise": 1}, "surprise", "Extra inputs are not permitted -> remove it (check the"),
+        ({"load": {"strategy": "append", "batchsize": 5}}, "load.batchsize", "remove it"),
+        ({"release": None}, "release", "Input should be a string, got null"),
+        ({"release": 2026.11}, "release", "put it in quotes"),
+        ({"retry": {"attempts": 0}}, "retry.attempts", "greater than or equal to 1"),
+        ({"lease_ttl_seconds": 0}, "lease_ttl_seconds", "Input should be greater than 0"),
+        ({"load": {"strategy": "upsert"}}, "load.strategy", "use one of: 'append', 'replace'"),
+        ({"load": {"strategy": "merge"}}, "load", "strategy merge needs key"),
+        ({"load": {"strategy": "append", "key": "id"}}, "load.key", "should be a list"),
+        ({"source": {"kind": "xml", "path": "a"}}, "source.kind", "use one of: 'csv', 'jsonl'"),
+        ({"source": {"path": "a.csv"}}, "source.kind", "Field required -> add it"),
+        ({"source": "a.csv"}, "source", "a mapping with a kind"),
+        ({"source": {"kind": "csv", "path": "a{x}.csv"}}, "source.path", "placeholder"),
+        ({"source": {"kind": "csv", "path": "a", "columns": {"9a": "text"}}}, "source.columns", ""),
+        ({"source": {"kind": "csv", "path": "a", "columns": {"a": "int"}}}, "source.columns", ""),
+        ({"target": {"kind": "sqlite", "url": "sqlite:///t.db"}}, "target.table", "add it"),
+        ({"target": {"kind": "sqlite", "table": "t"}}, "target", "exactly one of url"),
+        ({"target": {"kind": "exampel_append"}}, "target.kind", "example_append"),
+        ({"audits": {"sql": [{"name": "n", "query": "delete from t"}]}}, "audits.sql.0.query", ""),
+        ({"incremental": {"start": "soon"}}, "incremental.start", "2026-11-01T00:00:00Z"),
+        ({"journal": "sqlite:///j.db", "journal_env": "J"}, "workload", "(top level): give at"),
+    ],
+)
+def test_a_mistake_names_its_field_and_what_to_do(
+    changes: dict[str, Any], field: str, words: str
+) -> None:
+    error = _invalid(**changes)
+    assert error.field == field, error.message
+    assert error.message.startswith("workload file is invalid:\n  ")
+    assert words in error.message
+    assert "see the README" in (error.hint or "")
+
+
+def test_the_first_mistake_is_reported() -> None:
+    """msgspec stops at the first error: one line, never a traceback of the validator."""
+    error = _invalid(surprise=1, release=None)
+    assert error.message.count("\n") == 1
+
+
+def test_yaml_values_are_read_leniently() -> None:
+    """Numbers as text, integral floats, padded strings, dates and ISO timestamps."""
+    workload = _parse(
+        lease_ttl_seconds="30",
+        source={"kind": " csv ", "path": " a.csv ", "columns": {" id ": "integer"}},
+        load={"strategy": "merge", "key": [" id "], "batch_size": 500.0},
+        incremental={"start": date(2026, 11, 1), "lag_seconds": 5},
+    )
+    assert workload.lease_ttl_seconds == 30.0
+    assert workload.incremental is not None
+    assert workload.incremental.start == datetime(2026, 11, 1, tzinfo=UTC)
+    assert isinstance(workload.incremental.lag_seconds, float)
+    assert (workload.source.kind, workload.source.path) == ("csv", "a.csv")
+    assert workload.source.columns is not None
+    assert list(workload.source.columns) == ["id"]
+    assert (workload.load.key, workload.load.batch_size) == (["id"], 500)
+    for start in ("2026-11-01", "2026-11-01 02:00:00+02:00", "2026-11-01T00:00"):
+        incremental = _parse(incremental={"start": start}).incremental
+        assert incremental is not None
+        assert incremental.start == datetime(2026, 11, 1, tzinfo=UTC), start
+
+
+def test_a_tab_delimiter_is_still_stripped_away() -> None:
+    """Stripping comes first, as before: a lone tab is an empty delimiter (a known gap)."""
+    error = _invalid(source={"kind": "csv", "path": "a", "delimiter": "\t"})
+    assert error.field == "source.delimiter"
+
+
+def test_a_plugin_target_keeps_its_options_as_written() -> None:
+    workload = _parse(target={"kind": "example_append", "path": " out.db ", "table": "events"})
+    target = workload.target
+    assert isinstance(target, PluginTargetConfig)
+    assert target.options() == {"path": " out.db ", "table": "events"}
+    assert getattr(target, "table", "-") == "events"
+    assert getattr(target, "lock_timeout_seconds", "-") == "-"
+
+
+def test_settings_are_frozen_and_replace_checks_again() -> None:
+    data = {**BASE, "target": {"kind": "rest", "url": "https://B.example.com/api/"}}
+    del data["load"]  # a rest target's load is an append
+    workload = parse_workload(data, base_dir=Path("/w"))
+    target = workload.target
+    assert isinstance(target, RestTargetConfig)
+    assert target.url == "https://b.example.com/api"  # normalized once validated
+    with pytest.raises(AttributeError):
+        workload.release = "other"  # type: ignore[misc]
+    moved = replace(target, url=None, url_env="RECEIVER")
+    assert (moved.url, moved.url_env, target.url_env) == (None, "RECEIVER", None)
+    with pytest.raises(ValueError, match="exactly one of url or url_env"):
+        replace(target, url_env="RECEIVER")
+    assert replace(workload, journal_env="J").journal_env == "J"
+
+
+def test_to_json_dict_renders_json_types_and_leaves_out_base_dir() -> None:
+    workload = _parse(incremental={"start": "2026-11-01T00:00:00Z"})
+    rendered = to_json_dict(workload, exclude={"recovery"})
+    assert "base_dir" not in rendered
+    assert "recovery" not in rendered
+    assert rendered["load"] == {
+        "strategy": "append",
+        "key": [],
+        "interval_column": None,
+        "batch_size": 10000,
+    }
+    assert rendered["incremental"]["start"] == "2026-11-01T00:00:00Z"
+    assert rendered["lease_ttl_seconds"] == 60.0
+    assert json.loads(json.dumps(rendered)) == rendered
+
+
+def test_dpone_run_of_a_csv_to_sqlite_workload_never_imports_pydantic(tmp_path: Path) -> None:
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    (tmp_path / "w.yaml").write_text(
+        "workload: w\nrelease: r\ndeployment: d\njournal: sqlite:///j.db\n"
+        "source: {kind: csv, path: orders.csv}\n"
+        "target: {kind: sqlite, url: 'sqlite:///t.db', table: t}\n"
+        "load: {strategy: append}\n",
+        encoding="utf-8",
+    )
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('dpone', run_name='__main__')\n"
+        "finally:\n"
+        "    heavy = ('pydantic', 'pydantic_core', 'annotated_types')\n"
+        "    print('loaded:', [m for m in heavy if m in sys.modules], 'msgspec' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", "w.yaml", "--interval", "2026-11-01/2026-11-02"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith("loaded: [] True"), done.stdout
