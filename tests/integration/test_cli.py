@@ -401,12 +401,16 @@ def test_malformed_operation_ids_are_exit_2_and_never_echoed(tmp_path: Path, bad
 
 def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
     """Brackets in messages are text, not terminal markup: no traceback, nothing lost."""
-    write(tmp_path, {**GOOD, "[/x]": 1, "load": {"strategy": "merge"}})
-    proc = run_dpone(RUN, cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    assert "[/x]" in proc.stderr
-    assert "key: [column, ...]" in proc.stderr
+    # one mistake each: validation reports the first one (ADR 0010)
+    for mistake, text in [
+        ({"[/x]": 1}, "[/x]: Extra inputs are not permitted"),
+        ({"load": {"strategy": "merge"}}, "key: [column, ...]"),
+    ]:
+        write(tmp_path, {**GOOD, **mistake})
+        proc = run_dpone(RUN, cwd=tmp_path)
+        assert proc.returncode == 2
+        assert "Traceback" not in proc.stderr
+        assert text in proc.stderr
 
 
 def test_a_directory_as_target_or_journal_is_a_config_error(tmp_path: Path) -> None:
