@@ -774,6 +774,8 @@ def _target(value: object) -> msgspec.Struct:
             f"{', '.join(_BUILTIN_TARGETS)}; installed connector packages provide "
             f"{', '.join(installed) or 'none'}",
         )
+    if not all(isinstance(k, str) for k in value):
+        raise _Invalid("target", "a key: Input should be a string")
     return PluginTargetConfig(kind=kind, extra={k: v for k, v in value.items() if k != "kind"})
 
 
@@ -832,6 +834,8 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
         message = f"Input should be {expected}, got {_TYPE_WORDS.get(types[2], types[2])}"
         if types[1] == "str" and types[2] in ("int", "float"):
             fix = 'put it in quotes (YAML reads 2026.11 as a number, "2026.11" as text)'
+    elif message == "Expected `str`":
+        message = "Input should be a string"
     elif message == "Invalid RFC3339 encoded datetime":
         message = "Input should be a timestamp such as 2026-11-01T00:00:00Z"
     elif length := re.fullmatch(r"Expected `str` of length (>=|<=) (\d+)", message):
@@ -844,7 +848,7 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
         choices = _CHOICES.get(parts[-1] if parts else "")
         fix = "use one of: " + ", ".join(repr(c) for c in choices) if choices else ""
     if key:
-        message = f"a name: {message}"
+        message = f"a key: {message}"
     return parts, message, fix
 
 
