@@ -786,9 +786,8 @@ def _type_name(value: object) -> str:
 #: what the enum-like fields accept, for the hint of an invalid value
 _CHOICES = {
     "strategy": [s.value for s in LoadStrategy],
-    "columns": [t.value for t in ColumnType],
+    "columns[...]": [t.value for t in ColumnType],  # a value of the mapping
     "format": ["parquet", "csv"],
-    "kind": [],
 }
 _TYPE_WORDS = {
     "object": "a mapping",
@@ -817,6 +816,8 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
     message, key, path = found.groups() if found else (text, None, "")
     # "$.audits.sql[0].query" -> audits.sql.0.query; a dict value's key is not named ([...])
     parts = [p for p in re.split(r"[.\[\]]+", path or "") if p and p != "..."]
+    # the field an enum-like value belongs to, "columns[...]" for a column's type
+    field = (parts[-1] if parts else "") + ("[...]" if (path or "").endswith("[...]") else "")
     cause = error.__cause__
     if isinstance(cause, _Invalid):
         return parts + [p for p in cause.field.split(".") if p], cause.message, cause.fix
@@ -832,7 +833,9 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
     elif types := re.fullmatch(r"Expected `([^`]+)`, got `(\w+)`", message):
         expected = " or ".join(_TYPE_WORDS.get(t, t) for t in types[1].split(" | "))
         message = f"Input should be {expected}, got {_TYPE_WORDS.get(types[2], types[2])}"
-        if types[1] == "str" and types[2] in ("int", "float"):
+        if field in _CHOICES:
+            fix = "use one of: " + ", ".join(repr(c) for c in _CHOICES[field])
+        elif types[1] == "str" and types[2] in ("int", "float"):
             fix = 'put it in quotes (YAML reads 2026.11 as a number, "2026.11" as text)'
     elif message == "Expected `str`":
         message = "Input should be a string"
@@ -845,8 +848,8 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
         message = f"String should match pattern {pattern[1]}"
     elif value := re.fullmatch(r"Invalid enum value (.+)", message):
         message = f"Input {value[1]} is not allowed"
-        choices = _CHOICES.get(parts[-1] if parts else "")
-        fix = "use one of: " + ", ".join(repr(c) for c in choices) if choices else ""
+        if field in _CHOICES:
+            fix = "use one of: " + ", ".join(repr(c) for c in _CHOICES[field])
     if key:
         message = f"a key: {message}"
     return parts, message, fix
