@@ -783,9 +783,7 @@ def test_publication_intents_are_pinned(name: str) -> None:
 
 def _plain(value: object) -> object:
     """Every validated field as ``repr`` of its leaf value: types and renderings included."""
-    names = getattr(value, "__struct_fields__", None) or list(
-        getattr(type(value), "model_fields", {})
-    )
+    names = getattr(value, "__struct_fields__", ())  # (pydantic's model_fields before ADR 0010)
     if names:
         return {name: _plain(getattr(value, name)) for name in names}
     if isinstance(value, dict):
