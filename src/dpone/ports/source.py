@@ -107,10 +107,11 @@ class RawCsv(Protocol):
         ...
 
     def verify_unchanged(self) -> None:
-        """Hash the file again and check it is still the snapshot ``chunks`` read.
+        """Check the file is still the snapshot ``chunks`` read (its stat, or a new hash).
 
         For targets that read the file themselves: call after ``chunks`` and after the
-        target's read, inside the transaction, before commit.
+        target's read, inside the transaction, before commit. A file written just before
+        ``chunks`` opened it is hashed again (ADR 0004).
 
         Raises:
             SourceInvalid: the content or the file's inode/size/mtime/ctime changed.

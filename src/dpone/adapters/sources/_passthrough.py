@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,12 @@ _BLANK_LINE_CRLF = re.compile(rb"\n\r?\n")
 _LONE_CR = re.compile(rb"\r[^\n]")  # faster than a lookahead; a final CR is checked apart
 
 _FileState = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
+
+#: A file whose mtime or ctime is less than this before the checking read opens it is
+#: "racy" (git's word): a write in the same timestamp tick as the last one (a jiffy on
+#: Linux, 1 s on ext3, 2 s on FAT) could leave its size, mtime and ctime unchanged, so
+#: ``verify_unchanged`` hashes such a file again instead of trusting its stat.
+RACY_NS = 3_000_000_000
 
 
 def _state(stat: os.stat_result) -> _FileState:
@@ -139,6 +146,7 @@ class CsvFileBytes:
         self._columns = columns
         self._expected = expected_identity
         self._state: _FileState | None = None
+        self._settled = False
         self._records: int | None = None
 
     @property
@@ -160,8 +168,10 @@ class CsvFileBytes:
         """Yield checked 1 MiB chunks; after the last, check the hash against the snapshot."""
         checker = _Checker(self._delimiter.encode("ascii"), self._columns, crlf=crlf)
         digest = hashlib.sha256()
+        now = time.time_ns()  # before the stat: a later write is stamped at least this
         with self._open() as handle:
             self._state = _state(os.fstat(handle.fileno()))
+            self._settled = max(self._state[3], self._state[4]) < now - RACY_NS
             chunk = handle.read(CHUNK_SIZE)
             while chunk:
                 following = handle.read(CHUNK_SIZE)
@@ -184,9 +194,25 @@ class CsvFileBytes:
         return self._records
 
     def verify_unchanged(self) -> None:
-        """Re-hash the file; it must be the snapshot and the very file ``chunks`` read."""
+        """Check that the file is still the very file ``chunks`` read, and the snapshot.
+
+        Its device, inode, size, mtime and ctime must be those ``chunks`` saw when it
+        opened the file. Any write since then stamps a new mtime and ctime, unless the
+        file was written less than ``RACY_NS`` before that open (the same timestamp tick
+        could be reused): such a file is hashed again. ADR 0004 says why this holds.
+        """
         if self._state is None:
             raise RuntimeError("verify_unchanged() before chunks()")
+        try:
+            now = _state(os.stat(self._path))
+        except OSError:
+            raise changed_error(self._path) from None
+        if now != self._state:
+            raise changed_error(self._path)
+        if not self._settled:
+            self._hash_again()
+
+    def _hash_again(self) -> None:
         digest = hashlib.sha256()
         with self._open() as handle:
             before = _state(os.fstat(handle.fileno()))
