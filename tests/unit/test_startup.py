@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -349,3 +350,81 @@ def test_a_quiet_run_in_a_pipeline_never_imports_rich(tmp_path: Path) -> None:
     forced = quiet_run("2026-11-02/2026-11-03", {**env, "TTY_COMPATIBLE": "1"})
     assert forced.returncode == 0, forced.stderr
     assert forced.stdout.rstrip().endswith("rich loaded: True")
+
+
+#: Modules a ``dpone run`` of a CSV file into SQLite or DuckDB has no use for: other
+#: commands (typer, publication, delivery, recovery, Airflow), other targets and
+#: journals, retries it will not make (stamina) and what a terminal would need (rich).
+NOT_ON_THE_RUN_PATH = (
+    "dpone.adapters.delivery",
+    "dpone.adapters.objectstores",
+    "dpone.airflow",
+    "dpone.certification",
+    "dpone.cli.delivery",
+    "dpone.cli.main",
+    "dpone.cli.publication",
+    "dpone.config.delivery",
+    "dpone.config.publication",
+    "dpone.contracts.delivery",
+    "dpone.contracts.objects",
+    "dpone.contracts.publication",
+    "dpone.publication",
+    "dpone.recovery",
+    "dpone.runtime.delivery",
+    "dpone.runtime.workload_delivery",
+    "dpone.testing",
+    "airflow",
+    "asyncio",
+    "click",
+    "getpass",
+    "httpx",
+    "psycopg",
+    "psycopg_pool",
+    "pymysql",
+    "rich",
+    "signal",
+    "stamina",
+    "termios",
+    "typer",
+)
+
+
+@pytest.mark.parametrize("target", ["sqlite", "duckdb"])
+def test_dpone_run_imports_nothing_the_load_does_not_use(tmp_path: Path, target: str) -> None:
+    """Each module on this list is start-up time a one-file load pays for nothing."""
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    url = "sqlite:///t.db" if target == "sqlite" else "duckdb:///t.duckdb"
+    wl = tmp_path / "w.yaml"
+    wl.write_text(
+        "workload: w\nrelease: r\ndeployment: d\njournal: sqlite:///j.db\n"
+        "source: {kind: csv, path: orders.csv, columns: {order_id: integer, customer: text, "
+        "amount: real, ordered_at: timestamp}}\n"
+        f"target: {{kind: {target}, url: '{url}', table: t}}\n"
+        "load: {strategy: append}\n",
+        encoding="utf-8",
+    )
+    probe = (
+        "import json, sys\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "from dpone.cli.entry import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print(json.dumps(sorted(sys.modules)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result, modules = done.stdout.splitlines()
+    assert result.startswith("COMPLETE ")
+    loaded = set(json.loads(modules))
+    assert f"dpone.adapters.connectors.{target}" in loaded  # the probe saw the run's imports
+    assert sorted(loaded.intersection(NOT_ON_THE_RUN_PATH)) == []

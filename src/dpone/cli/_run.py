@@ -12,7 +12,6 @@ their output, logging and exit codes are the same. Nothing here imports typer.
 from __future__ import annotations
 
 import gc
-import getpass
 import json
 import logging
 import os
@@ -206,7 +205,17 @@ def _cli_provenance() -> Any:
     from dpone.contracts.run import CliProvenance
 
     command = " ".join(["dpone", *sys.argv[1:]])[:500]
-    return CliProvenance(user=getpass.getuser(), host=socket.gethostname(), command=command)
+    return CliProvenance(user=_user(), host=socket.gethostname(), command=command)
+
+
+def _user() -> str:
+    """What ``getpass.getuser()`` answers, without importing getpass (and termios)."""
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if user := os.environ.get(name):
+            return user
+    import pwd
+
+    return pwd.getpwuid(os.getuid())[0]
 
 
 @contextmanager
