@@ -21,7 +21,7 @@ import pytest
 
 from dpone.adapters.connectors.duckdb import DuckDbConnector
 from dpone.adapters.connectors.postgres import PostgresConnector
-from dpone.adapters.sources import _passthrough
+from dpone.adapters.sources import _passthrough, _prefetch
 from dpone.adapters.sources._passthrough import CsvFileBytes
 from dpone.adapters.sources.csv import CsvSource
 from dpone.contracts.fence import FenceStatus
@@ -58,6 +58,11 @@ def _op() -> tuple[str, str]:
         "sha256:" + hashlib.sha256(f"pt-op{n}".encode()).hexdigest(),
         "sha256:" + hashlib.sha256(f"pt-intent{n}".encode()).hexdigest(),
     )
+
+
+@pytest.fixture(autouse=True)
+def no_vouched_identities(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_prefetch, "_VOUCHED", {})
 
 
 @pytest.fixture
@@ -367,8 +372,8 @@ def test_duckdb_a_file_changed_during_the_transaction_never_commits(
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
     original = CsvFileBytes.chunks
 
-    def chunks_then_change(self: CsvFileBytes, *, crlf: bool) -> Iterator[bytes]:
-        yield from original(self, crlf=crlf)
+    def chunks_then_change(self: CsvFileBytes, **kwargs: Any) -> Iterator[bytes]:
+        yield from original(self, **kwargs)
         path.write_bytes(path.read_bytes().replace(b"2,x,2,y", b"2,x,2,z"))
 
     monkeypatch.setattr(CsvFileBytes, "chunks", chunks_then_change)
@@ -415,7 +420,7 @@ def test_duckdb_a_file_written_after_the_scan_never_commits(
 ) -> None:
     """Settled or racy (written just before the load), a write after the scan is caught."""
     if settled:  # pretend the file was written long ago: its stat alone is trusted
-        monkeypatch.setattr(_passthrough, "RACY_NS", 0)
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
     hashed_again: list[bool] = []
     rehash = CsvFileBytes._hash_again
     monkeypatch.setattr(
@@ -479,7 +484,7 @@ def test_duckdb_a_racy_file_is_hashed_again_even_when_its_stat_did_not_change(
 def test_duckdb_an_unchanged_settled_file_is_not_hashed_again(
     tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_passthrough, "RACY_NS", 0)
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
     monkeypatch.setattr(CsvFileBytes, "_hash_again", lambda self: pytest.fail("hashed again"))
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
     db = tmp_path / "t.duckdb"
@@ -491,12 +496,19 @@ def test_duckdb_an_unchanged_settled_file_is_not_hashed_again(
     assert passed == [2]
 
 
+@pytest.mark.parametrize("settled", [True, False])
 def test_duckdb_a_file_changed_after_its_identity_never_commits(
-    tmp_path: Path, passed: list[int]
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch, settled: bool
 ) -> None:
+    """Settled, the identity was vouched for by the stat the file no longer has."""
+    if settled:
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n")
     identity = CsvSource(path, columns=TYPES).snapshot_identity()
-    _write(path, "id,name,amount,note\n1,a,1,B\n")
+    assert (_prefetch._VOUCHED != {}) is settled
+    with path.open("r+b") as handle:  # same size, same inode, other bytes
+        handle.seek(-2, 2)
+        handle.write(b"B\n")
     connector = DuckDbConnector(tmp_path / "t.duckdb", table="t")
     try:
         with pytest.raises(SourceInvalid, match="source changed"):
@@ -504,6 +516,54 @@ def test_duckdb_a_file_changed_after_its_identity_never_commits(
     finally:
         connector.close()
     assert passed == []
+
+
+class _CountingSha256:
+    """Counts the hashes ``_passthrough`` starts."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def sha256(self) -> Any:
+        self.started += 1
+        return hashlib.sha256()
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_duckdb_checks_without_hashing_a_file_its_identity_hash_vouches_for(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch, settled: bool
+) -> None:
+    """The identity was hashed from this file, settled, with the stat it still has."""
+    if settled:
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    counting = _CountingSha256()
+    monkeypatch.setattr(_passthrough, "hashlib", counting)
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (2, 2)
+    finally:
+        connector.close()
+    assert passed == [2]
+    # settled: neither the checking read nor the re-check hashed; racy: both did
+    assert counting.started == (0 if settled else 2)
+
+
+def test_a_stream_into_a_server_always_hashes_the_bytes_it_hands_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL gets the chunks themselves: they are hashed even for a vouched file."""
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    counting = _CountingSha256()
+    monkeypatch.setattr(_passthrough, "hashlib", counting)
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n")
+    source = CsvSource(path, columns=TYPES)
+    raw = source.raw_csv(source.snapshot_identity())
+    assert raw is not None
+    assert _prefetch._VOUCHED != {}
+    assert b"".join(raw.chunks(crlf=True)) == path.read_bytes()
+    assert counting.started == 1
 
 
 def test_duckdb_a_value_duckdb_refuses_is_reported_as_by_the_rows_path(

@@ -26,6 +26,7 @@ def sha(path: Path) -> str:
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
+    monkeypatch.setattr(_prefetch, "_VOUCHED", {})
     monkeypatch.setattr(_early, "_started", False)
 
 
@@ -37,6 +38,29 @@ def test_prefetched_identity_is_the_file_hash_and_is_used_once(tmp_path: Path) -
     assert file_identity(data) == sha(data)
     assert _prefetch._PREFETCHED == {}  # taken: a second call hashes the file itself
     assert file_identity(data) == sha(data)
+
+
+def test_an_identity_is_vouched_for_by_the_stat_only_of_a_settled_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefetched or not, a file written within RACY_NS of its hash is never vouched for."""
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    key = str(data.resolve())
+    _prefetch.prefetch_identity(data)
+    assert file_identity(data) == sha(data)
+    assert file_identity(data) == sha(data)  # hashed here, not prefetched
+    assert _prefetch._VOUCHED == {}  # just written: racy
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    _prefetch.prefetch_identity(data)
+    assert file_identity(data) == sha(data)
+    stat = data.stat()
+    state = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    assert _prefetch.vouched_identity(data, state) == sha(data)
+    assert _prefetch.vouched_identity(data, (*state[:4], state[4] + 1)) is None
+    del _prefetch._VOUCHED[key]
+    assert file_identity(data) == sha(data)  # the same, without the prefetch
+    assert _prefetch.vouched_identity(data, state) == sha(data)
 
 
 def test_a_file_changed_after_the_prefetch_is_hashed_again(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dpone.adapters.sources._common import CHUNK_SIZE, changed_error, open_raw
+from dpone.adapters.sources._prefetch import settled, vouched_identity
 from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsvRefused
 
 __all__ = ["CsvFileBytes"]
@@ -37,12 +38,6 @@ _BLANK_LINE_CRLF = re.compile(rb"\n\r?\n")
 _LONE_CR = re.compile(rb"\r[^\n]")  # faster than a lookahead; a final CR is checked apart
 
 _FileState = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
-
-#: A file whose mtime or ctime is less than this before the checking read opens it is
-#: "racy" (git's word): a write in the same timestamp tick as the last one (a jiffy on
-#: Linux, 1 s on ext3, 2 s on FAT) could leave its size, mtime and ctime unchanged, so
-#: ``verify_unchanged`` hashes such a file again instead of trusting its stat.
-RACY_NS = 3_000_000_000
 
 
 def _state(stat: os.stat_result) -> _FileState:
@@ -164,27 +159,35 @@ class CsvFileBytes:
         """The header's names, in file order."""
         return self._columns
 
-    def chunks(self, *, crlf: bool) -> Iterator[bytes]:
-        """Yield checked 1 MiB chunks; after the last, check the hash against the snapshot."""
+    def chunks(self, *, crlf: bool, hash_bytes: bool = True) -> Iterator[bytes]:
+        """Yield checked 1 MiB chunks; after the last, check the hash against the snapshot.
+
+        With ``hash_bytes=False`` (a target that reads the file itself and calls
+        ``verify_unchanged`` after its read) the bytes are not hashed again when this
+        process hashed the identity from this very file, settled, with the stat it has
+        now (``vouched_identity``); otherwise they are.
+        """
         checker = _Checker(self._delimiter.encode("ascii"), self._columns, crlf=crlf)
-        digest = hashlib.sha256()
         now = time.time_ns()  # before the stat: a later write is stamped at least this
         with self._open() as handle:
             self._state = _state(os.fstat(handle.fileno()))
-            self._settled = max(self._state[3], self._state[4]) < now - RACY_NS
+            self._settled = settled(self._state, now)
+            vouched = not hash_bytes and vouched_identity(self._path, self._state) == self._expected
+            digest = None if vouched else hashlib.sha256()
             chunk = handle.read(CHUNK_SIZE)
             while chunk:
                 following = handle.read(CHUNK_SIZE)
-                digest.update(chunk)
-                if not following and "sha256:" + digest.hexdigest() != self._expected:
-                    raise changed_error(self._path)
+                if digest is not None:
+                    digest.update(chunk)
+                    if not following and "sha256:" + digest.hexdigest() != self._expected:
+                        raise changed_error(self._path)
                 checker.check(chunk, final=not following)
                 if not following:
                     # The header's line feed ends no record; a last record may lack one.
                     self._records = checker.newlines - 1 + (not chunk.endswith(b"\n"))
                 yield chunk
                 chunk = following
-            if "sha256:" + digest.hexdigest() != self._expected:
+            if digest is not None and "sha256:" + digest.hexdigest() != self._expected:
                 raise changed_error(self._path)  # an empty file
 
     def records(self) -> int:
@@ -198,8 +201,9 @@ class CsvFileBytes:
 
         Its device, inode, size, mtime and ctime must be those ``chunks`` saw when it
         opened the file. Any write since then stamps a new mtime and ctime, unless the
-        file was written less than ``RACY_NS`` before that open (the same timestamp tick
-        could be reused): such a file is hashed again. ADR 0004 says why this holds.
+        file was written less than ``_prefetch.RACY_NS`` before that open (the same
+        timestamp tick could be reused): such a file is hashed again. ADR 0004 says why
+        this holds.
         """
         if self._state is None:
             raise RuntimeError("verify_unchanged() before chunks()")
