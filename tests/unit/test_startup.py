@@ -376,14 +376,16 @@ def test_a_quiet_run_in_a_pipeline_never_imports_rich(tmp_path: Path) -> None:
     assert forced.stdout.rstrip().endswith("rich loaded: True")
 
 
-#: Modules a ``dpone run`` of a CSV file into SQLite or DuckDB has no use for: other
-#: commands (typer, publication, delivery, recovery, Airflow), other targets and
-#: journals, retries it will not make (stamina) and what a terminal would need (rich).
+#: Modules a quiet ``dpone run`` of a CSV file into SQLite or DuckDB has no use for:
+#: other commands (typer, publication, delivery, recovery, Airflow), other targets and
+#: journals, retries it will not make (stamina), what a terminal would need (rich) and
+#: logging while nothing warns (``dpone.runtime._log``).
 NOT_ON_THE_RUN_PATH = (
     "dpone.adapters.delivery",
     "dpone.adapters.objectstores",
     "dpone.airflow",
     "dpone.certification",
+    "dpone.cli._logging",
     "dpone.cli.delivery",
     "dpone.cli.main",
     "dpone.cli.publication",
@@ -402,6 +404,7 @@ NOT_ON_THE_RUN_PATH = (
     "click",
     "getpass",
     "httpx",
+    "logging",
     "psycopg",
     "psycopg_pool",
     "pymysql",
@@ -409,6 +412,7 @@ NOT_ON_THE_RUN_PATH = (
     "signal",
     "stamina",
     "termios",
+    "traceback",
     "typer",
 )
 
@@ -452,3 +456,40 @@ def test_dpone_run_imports_nothing_the_load_does_not_use(tmp_path: Path, target:
     loaded = set(json.loads(modules))
     assert f"dpone.adapters.connectors.{target}" in loaded  # the probe saw the run's imports
     assert sorted(loaded.intersection(NOT_ON_THE_RUN_PATH)) == []
+
+
+def test_a_quiet_run_loads_logging_at_its_first_warning_and_prints_it_as_configured() -> None:
+    """INFO is dropped without logging; the first WARNING configures dpone's handler first."""
+    probe = (
+        "import sys\n"
+        "from dpone.cli._run import LogFormat, _setup_logging\n"
+        "from dpone.runtime._log import LazyLogger\n"
+        "log = LazyLogger('dpone.runtime')\n"
+        "_setup_logging(LogFormat.text, quiet=True)\n"
+        "log.info('not shown', extra={'dpone': {'operation_id': 'op-1'}})\n"
+        "assert 'logging' not in sys.modules\n"
+        "log.warning('careful %s', 'now', extra={'dpone': {'operation_id': 'op-1'}})\n"
+        "log.info('still not shown')\n"
+        "import logging\n"
+        "assert logging.getLogger('dpone').level == logging.WARNING\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["dpone op-1 warning: careful now"]
+
+
+def test_an_unquiet_run_logs_info_through_the_lazy_loggers() -> None:
+    probe = (
+        "from dpone.cli._run import LogFormat, _setup_logging\n"
+        "from dpone.runtime._log import LazyLogger\n"
+        "_setup_logging(LogFormat.json, quiet=False)\n"
+        "LazyLogger('dpone.runtime').info('hello', extra={'dpone': {'event': 'e'}})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stderr)
+    assert (record["message"], record["event"], record["level"]) == ("hello", "e", "info")

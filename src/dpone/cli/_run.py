@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import gc
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +30,7 @@ from dpone.errors import (
     LeaseHeld,
     UnsafeValue,
 )
+from dpone.runtime._log import defer_setup
 from dpone.runtime.retry import silence_stamina_hooks
 
 if TYPE_CHECKING:
@@ -119,58 +118,36 @@ class LogFormat(str, Enum):
 
 
 # ------------------------------------------------------------------ logging
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        payload.update(getattr(record, "dpone", {}) or {})
-        return json.dumps(payload, sort_keys=True, default=str)
-
-
-class _TextFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        fields = getattr(record, "dpone", {}) or {}
-        op = str(fields.get("operation_id", ""))
-        short = op[:19] + "…" if len(op) > 20 else op
-        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
-        if "state" in fields and "version" in fields:
-            text = (
-                f"{fields.get('event', ''):<10} {fields['state']} v{fields['version']} "
-                f"epoch {fields.get('lease_epoch', '-')}"
-            )
-        else:
-            text = record.getMessage()
-        return f"dpone {short} {level}{text}"
-
-
-class _ConsoleHandler(logging.Handler):
-    """Writes through the shared stderr console so logs and the progress bar don't tear."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            err.print(self.format(record), markup=False, highlight=False)
-        except Exception:  # noqa: BLE001 - logging must never break the run
-            self.handleError(record)
-
-
 def _setup_logging(fmt: LogFormat, quiet: bool) -> None:
+    """Send dpone's records to stderr (text or JSON); WARNING and up only when ``quiet``.
+
+    A quiet run whose process has not loaded ``logging`` defers this to the first record
+    the runtime passes on (``dpone.runtime._log``): without a warning it never loads it.
+    """
+    silence_stamina_hooks()  # dpone logs each retry itself
+    if quiet and "logging" not in sys.modules:
+        defer_setup(lambda: _configure_logging(fmt, quiet))
+        return
+    _configure_logging(fmt, quiet)
+
+
+def _configure_logging(fmt: LogFormat, quiet: bool) -> None:
+    import logging
+
+    from dpone.cli._logging import ConsoleHandler, JsonFormatter, TextFormatter
+
     logger = logging.getLogger("dpone")
     logger.handlers.clear()
     handler: logging.Handler
     if fmt is LogFormat.json:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(JsonFormatter())
     else:
-        handler = _ConsoleHandler()
-        handler.setFormatter(_TextFormatter())
+        handler = ConsoleHandler()
+        handler.setFormatter(TextFormatter())
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
-    silence_stamina_hooks()  # dpone logs each retry itself
 
 
 # ------------------------------------------------------------------ errors

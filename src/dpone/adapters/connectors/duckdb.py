@@ -723,8 +723,7 @@ class DuckDbConnector:
             # A prepare that inserted or raised the row in this transaction has written
             # it already, at this epoch and intent (a committed row it leaves alone).
             wrote = prepare and (
-                _prepare_in(conn, operation_id, intent_digest, epoch).status
-                is FenceStatus.PREPARED
+                _prepare_in(conn, operation_id, intent_digest, epoch).status is FenceStatus.PREPARED
             )
             if not wrote:
                 _lock_prepared(conn, operation_id, intent_digest, epoch)
