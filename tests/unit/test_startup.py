@@ -465,7 +465,7 @@ def test_a_quiet_run_loads_logging_at_its_first_warning_and_prints_it_as_configu
         "from dpone.cli._run import LogFormat, _setup_logging\n"
         "from dpone.runtime._log import LazyLogger\n"
         "log = LazyLogger('dpone.runtime')\n"
-        "_setup_logging(LogFormat.text, quiet=True)\n"
+        "_setup_logging(LogFormat.text, quiet=True, lazy=True)\n"
         "log.info('not shown', extra={'dpone': {'operation_id': 'op-1'}})\n"
         "assert 'logging' not in sys.modules\n"
         "log.warning('careful %s', 'now', extra={'dpone': {'operation_id': 'op-1'}})\n"

@@ -118,14 +118,15 @@ class LogFormat(str, Enum):
 
 
 # ------------------------------------------------------------------ logging
-def _setup_logging(fmt: LogFormat, quiet: bool) -> None:
+def _setup_logging(fmt: LogFormat, quiet: bool, *, lazy: bool = False) -> None:
     """Send dpone's records to stderr (text or JSON); WARNING and up only when ``quiet``.
 
-    A quiet run whose process has not loaded ``logging`` defers this to the first record
-    the runtime passes on (``dpone.runtime._log``): without a warning it never loads it.
+    ``lazy``: for a quiet run whose only loggers are the runtime's (``dpone.runtime._log``)
+    and whose process has not loaded ``logging``, the setup waits for the first record
+    they pass on; without a warning, logging is never loaded.
     """
     silence_stamina_hooks()  # dpone logs each retry itself
-    if quiet and "logging" not in sys.modules:
+    if lazy and quiet and "logging" not in sys.modules:
         defer_setup(lambda: _configure_logging(fmt, quiet))
         return
     _configure_logging(fmt, quiet)
@@ -243,7 +244,7 @@ def run_loaded(
     """Run one operation of a loaded (non-publication) workload; print; return the exit code."""
     from dpone.api import run_operation
 
-    _setup_logging(log_format, quiet)
+    _setup_logging(log_format, quiet, lazy=True)  # a relational load logs through the runtime
     show = _stderr_is_terminal() if progress is None else progress
     try:
         with _progress(show and log_format is LogFormat.text) as on_rows:
