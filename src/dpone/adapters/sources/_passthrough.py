@@ -208,7 +208,10 @@ class CsvFileBytes:
         if self._state is None:
             raise RuntimeError("verify_unchanged() before chunks()")
         try:
-            now = _state(os.stat(self._path))
+            # Opened, not just stat'ed: a network file system (NFS's close-to-open
+            # consistency) revalidates the attributes of a file being opened.
+            with io.FileIO(self._path, "r") as handle:
+                now = _state(os.fstat(handle.fileno()))
         except OSError:
             raise changed_error(self._path) from None
         if now != self._state:
