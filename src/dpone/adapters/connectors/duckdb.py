@@ -773,12 +773,13 @@ class DuckDbConnector:
     ) -> int | None:
         """Load the source file with DuckDB's own CSV reader; None: use the rows instead.
 
-        While DuckDB scans the file, a thread reads it too (``RawCsv.chunks``): hashed,
-        it must be the snapshot, and checked, it must hold RFC 4180 records that the
-        rows path reads the same way, as many as DuckDB loaded. After the scan the file
-        is hashed again and must still be the same file (``verify_unchanged``). All of it
-        runs inside the transaction: a changed file raises "source changed" and nothing
-        commits; a refusal rolls back and the rows path runs (``_RowsInstead``).
+        While DuckDB scans the file, a thread reads it too (``RawCsv.chunks``): it must
+        be the snapshot (hashed, unless the identity's hash vouches for this very file)
+        and hold RFC 4180 records that the rows path reads the same way, as many as
+        DuckDB loaded. After the scan it must still be the file the thread opened
+        (``verify_unchanged``: its stat, and a new hash if it was racy; ADR 0004). All
+        of it runs inside the transaction: a changed file raises "source changed" and
+        nothing commits; a refusal rolls back and the rows path runs (``_RowsInstead``).
         """
         if raw.columns != tuple(c.name for c in plan.columns):
             return None
