@@ -359,7 +359,7 @@ class _RowsInstead(Exception):
 
 
 class _FileCheck:
-    """Reads a ``RawCsv`` to its end in a thread (hash and checks); ``result`` re-raises.
+    """Reads a ``RawCsv`` to its end in a thread (checks, hash); ``result`` re-raises.
 
     DuckDB's scan releases the GIL, so the check costs no wall time beside it.
     """
