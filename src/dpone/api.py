@@ -20,23 +20,35 @@ from dpone.config.bootstrap import (
     run_request,
 )
 from dpone.config.workload import RestTargetConfig, Workload, load_workload
-from dpone.contracts.delivery import DeliveryResult
-from dpone.contracts.identity import Interval, parse_interval
-from dpone.contracts.journal import JournalEntry
-from dpone.contracts.result import OperationResult
-from dpone.contracts.run import Provenance
+from dpone.contracts.identity import parse_interval
 from dpone.errors import ConfigInvalid
-from dpone.ports.source import SourcePort
-from dpone.runtime.commit_protocol import CommitProtocol, OperationSpec
+from dpone.runtime.commit_protocol import CommitProtocol
 from dpone.runtime.executor import new_owner
 from dpone.runtime.retry import call_with_retries
 from dpone.runtime.run import RunService
 
 if TYPE_CHECKING:
+    # Annotations only: a load never imports the delivery contracts (``__getattr__``).
     from dpone.config.bootstrap import Route
     from dpone.config.delivery import RestRoute
+    from dpone.contracts.delivery import DeliveryResult
+    from dpone.contracts.identity import Interval
+    from dpone.contracts.journal import JournalEntry
+    from dpone.contracts.result import OperationResult
+    from dpone.contracts.run import Provenance
+    from dpone.ports.source import SourcePort
+    from dpone.runtime.commit_protocol import OperationSpec
 
 __all__ = ["DeliveryResult", "RunContext", "Runner", "run_operation"]
+
+
+def __getattr__(name: str) -> object:
+    # ``DeliveryResult`` is imported on first use: only REST deliveries need it.
+    if name == "DeliveryResult":
+        from dpone.contracts.delivery import DeliveryResult
+
+        return DeliveryResult
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Runner:

@@ -9,7 +9,8 @@ back to the rows path; every strategy keeps working; counts are right.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 from dpone.adapters.connectors.duckdb import DuckDbConnector
 from dpone.adapters.connectors.postgres import PostgresConnector
+from dpone.adapters.sources import _passthrough, _prefetch
 from dpone.adapters.sources._passthrough import CsvFileBytes
 from dpone.adapters.sources.csv import CsvSource
 from dpone.contracts.fence import FenceStatus
@@ -56,6 +58,11 @@ def _op() -> tuple[str, str]:
         "sha256:" + hashlib.sha256(f"pt-op{n}".encode()).hexdigest(),
         "sha256:" + hashlib.sha256(f"pt-intent{n}".encode()).hexdigest(),
     )
+
+
+@pytest.fixture(autouse=True)
+def no_vouched_identities(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_prefetch, "_VOUCHED", {})
 
 
 @pytest.fixture
@@ -365,8 +372,8 @@ def test_duckdb_a_file_changed_during_the_transaction_never_commits(
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
     original = CsvFileBytes.chunks
 
-    def chunks_then_change(self: CsvFileBytes, *, crlf: bool) -> Iterator[bytes]:
-        yield from original(self, crlf=crlf)
+    def chunks_then_change(self: CsvFileBytes, **kwargs: Any) -> Iterator[bytes]:
+        yield from original(self, **kwargs)
         path.write_bytes(path.read_bytes().replace(b"2,x,2,y", b"2,x,2,z"))
 
     monkeypatch.setattr(CsvFileBytes, "chunks", chunks_then_change)
@@ -383,12 +390,125 @@ def test_duckdb_a_file_changed_during_the_transaction_never_commits(
         assert tables.fetchone() == (0,)  # the table created for the load rolled back too
 
 
-def test_duckdb_a_file_changed_after_its_identity_never_commits(
-    tmp_path: Path, passed: list[int]
+def _load_changing_after_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], None]
+) -> Path:
+    """Pass ``a.csv`` through DuckDB, calling ``change`` between the scan and the re-check."""
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    original = DuckDbConnector._apply
+
+    def scan_then_change(self: DuckDbConnector, *args: Any) -> int:
+        count = original(self, *args)
+        change(path)
+        return count
+
+    monkeypatch.setattr(DuckDbConnector, "_apply", scan_then_change)
+    return path
+
+
+def _assert_nothing_committed(connector: DuckDbConnector, db: Path) -> None:
+    assert connector.observe(operation_id=_started[-1]).status is FenceStatus.ABSENT
+    connector.close()
+    with duckdb.connect(str(db), read_only=True) as conn:
+        tables = conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 't'")
+        assert tables.fetchone() == (0,)
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_duckdb_a_file_written_after_the_scan_never_commits(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch, settled: bool
 ) -> None:
+    """Settled or racy (written just before the load), a write after the scan is caught."""
+    if settled:  # pretend the file was written long ago: its stat alone is trusted
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    hashed_again: list[bool] = []
+    rehash = CsvFileBytes._hash_again
+    monkeypatch.setattr(
+        CsvFileBytes, "_hash_again", lambda self: hashed_again.append(True) or rehash(self)
+    )
+
+    def overwrite_in_place(path: Path) -> None:  # same size, same inode, new bytes
+        with path.open("r+b") as handle:
+            handle.seek(-2, 2)
+            handle.write(b"z\n")
+
+    path = _load_changing_after_scan(tmp_path, monkeypatch, overwrite_in_place)
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan("t"), raw=True)
+        _assert_nothing_committed(connector, db)
+    finally:
+        connector.close()
+    assert passed == []
+    if settled:  # its new mtime and ctime gave the write away, without a re-hash
+        assert hashed_again == []
+
+
+def test_duckdb_a_racy_file_is_hashed_again_even_when_its_stat_did_not_change(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write in the same timestamp tick as the file's last one leaves its stat as it was.
+
+    The stat the checking read saw is pinned, as a coarse clock would leave it: only the
+    re-hash of a file written just before the load can notice the new bytes.
+    """
+    seen: list[tuple[int, ...]] = []
+    real_state = _passthrough._state
+
+    def pinned(stat: os.stat_result) -> tuple[int, int, int, int, int]:
+        seen.append(real_state(stat))
+        return seen[0]  # type: ignore[return-value]
+
+    monkeypatch.setattr(_passthrough, "_state", pinned)
+
+    def overwrite_in_place(path: Path) -> None:
+        with path.open("r+b") as handle:
+            handle.seek(-2, 2)
+            handle.write(b"z\n")
+
+    path = _load_changing_after_scan(tmp_path, monkeypatch, overwrite_in_place)
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan("t"), raw=True)
+        _assert_nothing_committed(connector, db)
+    finally:
+        connector.close()
+    assert passed == []
+    assert len(set(seen)) > 1  # the file's real stat did change; the pinned one did not
+
+
+def test_duckdb_an_unchanged_settled_file_is_not_hashed_again(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    monkeypatch.setattr(CsvFileBytes, "_hash_again", lambda self: pytest.fail("hashed again"))
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (2, 2)
+    finally:
+        connector.close()
+    assert passed == [2]
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_duckdb_a_file_changed_after_its_identity_never_commits(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch, settled: bool
+) -> None:
+    """Settled, the identity was vouched for by the stat the file no longer has."""
+    if settled:
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n")
     identity = CsvSource(path, columns=TYPES).snapshot_identity()
-    _write(path, "id,name,amount,note\n1,a,1,B\n")
+    assert (_prefetch._VOUCHED != {}) is settled
+    with path.open("r+b") as handle:  # same size, same inode, other bytes
+        handle.seek(-2, 2)
+        handle.write(b"B\n")
     connector = DuckDbConnector(tmp_path / "t.duckdb", table="t")
     try:
         with pytest.raises(SourceInvalid, match="source changed"):
@@ -396,6 +516,54 @@ def test_duckdb_a_file_changed_after_its_identity_never_commits(
     finally:
         connector.close()
     assert passed == []
+
+
+class _CountingSha256:
+    """Counts the hashes ``_passthrough`` starts."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def sha256(self) -> Any:
+        self.started += 1
+        return hashlib.sha256()
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_duckdb_checks_without_hashing_a_file_its_identity_hash_vouches_for(
+    tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch, settled: bool
+) -> None:
+    """The identity was hashed from this file, settled, with the stat it still has."""
+    if settled:
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    counting = _CountingSha256()
+    monkeypatch.setattr(_passthrough, "hashlib", counting)
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (2, 2)
+    finally:
+        connector.close()
+    assert passed == [2]
+    # settled: neither the checking read nor the re-check hashed; racy: both did
+    assert counting.started == (0 if settled else 2)
+
+
+def test_a_stream_into_a_server_always_hashes_the_bytes_it_hands_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL gets the chunks themselves: they are hashed even for a vouched file."""
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    counting = _CountingSha256()
+    monkeypatch.setattr(_passthrough, "hashlib", counting)
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n")
+    source = CsvSource(path, columns=TYPES)
+    raw = source.raw_csv(source.snapshot_identity())
+    assert raw is not None
+    assert _prefetch._VOUCHED != {}
+    assert b"".join(raw.chunks(crlf=True)) == path.read_bytes()
+    assert counting.started == 1
 
 
 def test_duckdb_a_value_duckdb_refuses_is_reported_as_by_the_rows_path(

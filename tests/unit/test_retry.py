@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import stamina
 
-from dpone.cli._run import _JsonFormatter
+from dpone.cli._logging import JsonFormatter
 from dpone.config.workload import parse_workload
 from dpone.errors import (
     CommittedIncomplete,
@@ -192,7 +192,7 @@ def test_each_retry_is_a_json_log_line_with_delay_and_cause(
     with caplog.at_level(logging.WARNING, logger="dpone"):
         call_with_retries(work, policy=POLICY, rng=random.Random(1))
     lines = [
-        json.loads(_JsonFormatter().format(r))
+        json.loads(JsonFormatter().format(r))
         for r in caplog.records
         if getattr(r, "dpone", {}).get("event") == "retry"
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ def sha(path: Path) -> str:
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
+    monkeypatch.setattr(_prefetch, "_VOUCHED", {})
     monkeypatch.setattr(_early, "_started", False)
 
 
@@ -36,6 +38,29 @@ def test_prefetched_identity_is_the_file_hash_and_is_used_once(tmp_path: Path) -
     assert file_identity(data) == sha(data)
     assert _prefetch._PREFETCHED == {}  # taken: a second call hashes the file itself
     assert file_identity(data) == sha(data)
+
+
+def test_an_identity_is_vouched_for_by_the_stat_only_of_a_settled_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefetched or not, a file written within RACY_NS of its hash is never vouched for."""
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    key = str(data.resolve())
+    _prefetch.prefetch_identity(data)
+    assert file_identity(data) == sha(data)
+    assert file_identity(data) == sha(data)  # hashed here, not prefetched
+    assert _prefetch._VOUCHED == {}  # just written: racy
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    _prefetch.prefetch_identity(data)
+    assert file_identity(data) == sha(data)
+    stat = data.stat()
+    state = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    assert _prefetch.vouched_identity(data, state) == sha(data)
+    assert _prefetch.vouched_identity(data, (*state[:4], state[4] + 1)) is None
+    del _prefetch._VOUCHED[key]
+    assert file_identity(data) == sha(data)  # the same, without the prefetch
+    assert _prefetch.vouched_identity(data, state) == sha(data)
 
 
 def test_a_file_changed_after_the_prefetch_is_hashed_again(tmp_path: Path) -> None:
@@ -349,3 +374,122 @@ def test_a_quiet_run_in_a_pipeline_never_imports_rich(tmp_path: Path) -> None:
     forced = quiet_run("2026-11-02/2026-11-03", {**env, "TTY_COMPATIBLE": "1"})
     assert forced.returncode == 0, forced.stderr
     assert forced.stdout.rstrip().endswith("rich loaded: True")
+
+
+#: Modules a quiet ``dpone run`` of a CSV file into SQLite or DuckDB has no use for:
+#: other commands (typer, publication, delivery, recovery, Airflow), other targets and
+#: journals, retries it will not make (stamina), what a terminal would need (rich) and
+#: logging while nothing warns (``dpone.runtime._log``).
+NOT_ON_THE_RUN_PATH = (
+    "dpone.adapters.delivery",
+    "dpone.adapters.objectstores",
+    "dpone.airflow",
+    "dpone.certification",
+    "dpone.cli._logging",
+    "dpone.cli.delivery",
+    "dpone.cli.main",
+    "dpone.cli.publication",
+    "dpone.config.delivery",
+    "dpone.config.publication",
+    "dpone.contracts.delivery",
+    "dpone.contracts.objects",
+    "dpone.contracts.publication",
+    "dpone.publication",
+    "dpone.recovery",
+    "dpone.runtime.delivery",
+    "dpone.runtime.workload_delivery",
+    "dpone.testing",
+    "airflow",
+    "asyncio",
+    "click",
+    "getpass",
+    "httpx",
+    "logging",
+    "psycopg",
+    "psycopg_pool",
+    "pymysql",
+    "rich",
+    "signal",
+    "stamina",
+    "termios",
+    "traceback",
+    "typer",
+)
+
+
+@pytest.mark.parametrize("target", ["sqlite", "duckdb"])
+def test_dpone_run_imports_nothing_the_load_does_not_use(tmp_path: Path, target: str) -> None:
+    """Each module on this list is start-up time a one-file load pays for nothing."""
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    url = "sqlite:///t.db" if target == "sqlite" else "duckdb:///t.duckdb"
+    wl = tmp_path / "w.yaml"
+    wl.write_text(
+        "workload: w\nrelease: r\ndeployment: d\njournal: sqlite:///j.db\n"
+        "source: {kind: csv, path: orders.csv, columns: {order_id: integer, customer: text, "
+        "amount: real, ordered_at: timestamp}}\n"
+        f"target: {{kind: {target}, url: '{url}', table: t}}\n"
+        "load: {strategy: append}\n",
+        encoding="utf-8",
+    )
+    probe = (
+        "import json, sys\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "from dpone.cli.entry import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print(json.dumps(sorted(sys.modules)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result, modules = done.stdout.splitlines()
+    assert result.startswith("COMPLETE ")
+    loaded = set(json.loads(modules))
+    assert f"dpone.adapters.connectors.{target}" in loaded  # the probe saw the run's imports
+    assert sorted(loaded.intersection(NOT_ON_THE_RUN_PATH)) == []
+
+
+def test_a_quiet_run_loads_logging_at_its_first_warning_and_prints_it_as_configured() -> None:
+    """INFO is dropped without logging; the first WARNING configures dpone's handler first."""
+    probe = (
+        "import sys\n"
+        "from dpone.cli._run import LogFormat, _setup_logging\n"
+        "from dpone.runtime._log import LazyLogger\n"
+        "log = LazyLogger('dpone.runtime')\n"
+        "_setup_logging(LogFormat.text, quiet=True, lazy=True)\n"
+        "log.info('not shown', extra={'dpone': {'operation_id': 'op-1'}})\n"
+        "assert 'logging' not in sys.modules\n"
+        "log.warning('careful %s', 'now', extra={'dpone': {'operation_id': 'op-1'}})\n"
+        "log.info('still not shown')\n"
+        "import logging\n"
+        "assert logging.getLogger('dpone').level == logging.WARNING\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["dpone op-1 warning: careful now"]
+
+
+def test_an_unquiet_run_logs_info_through_the_lazy_loggers() -> None:
+    probe = (
+        "from dpone.cli._run import LogFormat, _setup_logging\n"
+        "from dpone.runtime._log import LazyLogger\n"
+        "_setup_logging(LogFormat.json, quiet=False)\n"
+        "LazyLogger('dpone.runtime').info('hello', extra={'dpone': {'event': 'e'}})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stderr)
+    assert (record["message"], record["event"], record["level"]) == ("hello", "e", "info")

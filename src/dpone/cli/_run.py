@@ -12,14 +12,11 @@ their output, logging and exit codes are the same. Nothing here imports typer.
 from __future__ import annotations
 
 import gc
-import getpass
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +30,7 @@ from dpone.errors import (
     LeaseHeld,
     UnsafeValue,
 )
+from dpone.runtime._log import defer_setup
 from dpone.runtime.retry import silence_stamina_hooks
 
 if TYPE_CHECKING:
@@ -120,58 +118,37 @@ class LogFormat(str, Enum):
 
 
 # ------------------------------------------------------------------ logging
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        payload.update(getattr(record, "dpone", {}) or {})
-        return json.dumps(payload, sort_keys=True, default=str)
+def _setup_logging(fmt: LogFormat, quiet: bool, *, lazy: bool = False) -> None:
+    """Send dpone's records to stderr (text or JSON); WARNING and up only when ``quiet``.
+
+    ``lazy``: for a quiet run whose only loggers are the runtime's (``dpone.runtime._log``)
+    and whose process has not loaded ``logging``, the setup waits for the first record
+    they pass on; without a warning, logging is never loaded.
+    """
+    silence_stamina_hooks()  # dpone logs each retry itself
+    if lazy and quiet and "logging" not in sys.modules:
+        defer_setup(lambda: _configure_logging(fmt, quiet))
+        return
+    _configure_logging(fmt, quiet)
 
 
-class _TextFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        fields = getattr(record, "dpone", {}) or {}
-        op = str(fields.get("operation_id", ""))
-        short = op[:19] + "…" if len(op) > 20 else op
-        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
-        if "state" in fields and "version" in fields:
-            text = (
-                f"{fields.get('event', ''):<10} {fields['state']} v{fields['version']} "
-                f"epoch {fields.get('lease_epoch', '-')}"
-            )
-        else:
-            text = record.getMessage()
-        return f"dpone {short} {level}{text}"
+def _configure_logging(fmt: LogFormat, quiet: bool) -> None:
+    import logging
 
+    from dpone.cli._logging import ConsoleHandler, JsonFormatter, TextFormatter
 
-class _ConsoleHandler(logging.Handler):
-    """Writes through the shared stderr console so logs and the progress bar don't tear."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            err.print(self.format(record), markup=False, highlight=False)
-        except Exception:  # noqa: BLE001 - logging must never break the run
-            self.handleError(record)
-
-
-def _setup_logging(fmt: LogFormat, quiet: bool) -> None:
     logger = logging.getLogger("dpone")
     logger.handlers.clear()
     handler: logging.Handler
     if fmt is LogFormat.json:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(JsonFormatter())
     else:
-        handler = _ConsoleHandler()
-        handler.setFormatter(_TextFormatter())
+        handler = ConsoleHandler()
+        handler.setFormatter(TextFormatter())
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
-    silence_stamina_hooks()  # dpone logs each retry itself
 
 
 # ------------------------------------------------------------------ errors
@@ -206,7 +183,17 @@ def _cli_provenance() -> Any:
     from dpone.contracts.run import CliProvenance
 
     command = " ".join(["dpone", *sys.argv[1:]])[:500]
-    return CliProvenance(user=getpass.getuser(), host=socket.gethostname(), command=command)
+    return CliProvenance(user=_user(), host=socket.gethostname(), command=command)
+
+
+def _user() -> str:
+    """What ``getpass.getuser()`` answers, without importing getpass (and termios)."""
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if user := os.environ.get(name):
+            return user
+    import pwd
+
+    return pwd.getpwuid(os.getuid())[0]
 
 
 @contextmanager
@@ -257,7 +244,7 @@ def run_loaded(
     """Run one operation of a loaded (non-publication) workload; print; return the exit code."""
     from dpone.api import run_operation
 
-    _setup_logging(log_format, quiet)
+    _setup_logging(log_format, quiet, lazy=True)  # a relational load logs through the runtime
     show = _stderr_is_terminal() if progress is None else progress
     try:
         with _progress(show and log_format is LogFormat.text) as on_rows:

@@ -82,12 +82,15 @@ class RawCsv(Protocol):
         """The header's column names, in file order."""
         ...
 
-    def chunks(self, *, crlf: bool) -> Iterator[bytes]:
+    def chunks(self, *, crlf: bool, hash_bytes: bool = True) -> Iterator[bytes]:
         """Yield the file's bytes (header included), hashing and checking each chunk.
 
         Only RFC 4180 records are handed out: a quote opens a field or doubles inside a
         quoted one, no blank line, no NUL, no backslash-dot, no lone CR (and no CR at all
         unless ``crlf``). Anything else raises ``RawCsvRefused`` before its chunk.
+        ``hash_bytes=False`` is for a target that reads the file itself and calls
+        ``verify_unchanged`` after: the hash may then be skipped when the file's stat
+        vouches for its identity (ADR 0004).
 
         Raises:
             RawCsvRefused: see above (nothing about the content changed).
@@ -107,10 +110,11 @@ class RawCsv(Protocol):
         ...
 
     def verify_unchanged(self) -> None:
-        """Hash the file again and check it is still the snapshot ``chunks`` read.
+        """Check the file is still the snapshot ``chunks`` read (its stat, or a new hash).
 
         For targets that read the file themselves: call after ``chunks`` and after the
-        target's read, inside the transaction, before commit.
+        target's read, inside the transaction, before commit. A file written just before
+        ``chunks`` opened it is hashed again (ADR 0004).
 
         Raises:
             SourceInvalid: the content or the file's inode/size/mtime/ctime changed.

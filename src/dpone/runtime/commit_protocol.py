@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -45,13 +44,14 @@ from dpone.ports.journal import (
 )
 from dpone.ports.source import SourcePort
 from dpone.runtime import failpoints
+from dpone.runtime._log import LazyLogger
 from dpone.runtime.lease import LeaseKeeper, acquire
 from dpone.runtime.rows import RowTally, counted, within_interval
 
 __all__ = ["UNREAD", "CommitProtocol", "OperationSpec", "RunFold", "Unread"]
 
 S = CommitState
-_log = logging.getLogger("dpone.runtime")
+_log = LazyLogger("dpone.runtime")
 _MAX_RESTARTS = 5
 _FIRST_EPOCH = 1  # the lease epoch an entry is born with (create + lease, ADR 0002)
 _BORN_COMMITTING = 2  # the version of an entry created COMMITTING (ADR 0003)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -12,11 +11,12 @@ from dpone.contracts.journal import JournalEntry
 from dpone.errors import DponeError, LeaseHeld
 from dpone.ports.journal import CommitJournalPort
 from dpone.runtime import failpoints
+from dpone.runtime._log import LazyLogger
 from dpone.runtime.executor import proven_dead
 
 __all__ = ["LeaseKeeper", "acquire"]
 
-_log = logging.getLogger("dpone.runtime")
+_log = LazyLogger("dpone.runtime")
 
 
 def acquire(

@@ -11,7 +11,6 @@ its delay and cause before the wait.
 
 from __future__ import annotations
 
-import logging
 import random
 import sys
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from dpone.errors import DponeError, ErrorCode, Retryability
+from dpone.runtime._log import LazyLogger
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_log = logging.getLogger("dpone.runtime")
+_log = LazyLogger("dpone.runtime")
 
 #: Families never retried automatically, whatever else is configured: an unknown outcome,
 #: a changed intent, bad configuration, a refused principal, a reused idempotency key,

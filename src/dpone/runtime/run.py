@@ -18,7 +18,6 @@ before anything is dispatched on it. A replay of a key returns the existing run:
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -46,6 +45,7 @@ from dpone.errors import (
     recovery_ref,
 )
 from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
+from dpone.runtime._log import LazyLogger
 from dpone.runtime.commit_protocol import (
     UNREAD,
     CommitProtocol,
@@ -57,7 +57,7 @@ from dpone.runtime.retry import RetryPolicy, call_with_retries
 
 __all__ = ["RunRequest", "RunService", "check_replay", "run_state_for"]
 
-_log = logging.getLogger("dpone.runtime")
+_log = LazyLogger("dpone.runtime")
 
 #: Lease entries the protocol only reports on (no work is dispatched on them).
 _NOTHING_TO_DISPATCH = frozenset({CommitState.COMPLETE, CommitState.COMMIT_UNKNOWN})

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -64,6 +63,7 @@ from dpone.ports.checkpoint import DeliveryCheckpointPort
 from dpone.ports.delivery import DeliveryStorePort
 from dpone.ports.ledger import RunLedgerPort
 from dpone.ports.source import SourcePort
+from dpone.runtime._log import LazyLogger
 from dpone.runtime.delivery import (
     DeliveryPolicy,
     DeliveryRequest,
@@ -84,7 +84,7 @@ __all__ = [
     "parent_intent_digest",
 ]
 
-_log = logging.getLogger("dpone.delivery")
+_log = LazyLogger("dpone.delivery")
 
 #: The run-ledger error code of a delivery blocked for an operator.
 BLOCKED_CODE = "DPONE_DELIVERY_BLOCKED"

@@ -359,7 +359,7 @@ class _RowsInstead(Exception):
 
 
 class _FileCheck:
-    """Reads a ``RawCsv`` to its end in a thread (hash and checks); ``result`` re-raises.
+    """Reads a ``RawCsv`` to its end in a thread (checks, hash); ``result`` re-raises.
 
     DuckDB's scan releases the GIL, so the check costs no wall time beside it.
     """
@@ -373,7 +373,10 @@ class _FileCheck:
 
     def _read(self, raw: RawCsv) -> None:
         try:
-            for _ in raw.chunks(crlf=True):
+            # DuckDB reads the file itself: verify_unchanged() proves it read these bytes,
+            # so a file whose identity this process hashed, unchanged since, is not
+            # hashed again (ADR 0004).
+            for _ in raw.chunks(crlf=True, hash_bytes=False):
                 pass
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._error = exc
@@ -459,6 +462,31 @@ def _prepare_in(
             [epoch, intent_digest, _token(), operation_id],
         )
     return FenceObservation(status=FenceStatus.PREPARED, epoch=epoch, intent_digest=intent_digest)
+
+
+def _lock_prepared(
+    conn: duckdb.DuckDBPyConnection, operation_id: str, intent_digest: str, epoch: int
+) -> None:
+    """Write the fence row (a fresh token) if it is prepared at ``epoch`` for this intent."""
+    locked = _fence_write(
+        conn,
+        f"UPDATE {_FENCE} SET write_token = ? "
+        "WHERE operation_id = ? AND epoch = ? AND state = 'prepared'",
+        [_token(), operation_id, epoch],
+    )
+    current = _observation(_read_fence(conn, operation_id))
+    if locked != 1:
+        at = f" at epoch {current.epoch}" if current.epoch is not None else ""
+        raise FencedOut(
+            f"the fence is {current.status.value}{at}, not prepared at this "
+            f"executor's epoch {epoch}; nothing was written",
+            operation_id=operation_id,
+        )
+    if current.intent_digest not in (None, intent_digest):
+        raise IntentConflict(
+            "the fence was prepared for another intent digest; nothing was written",
+            operation_id=operation_id,
+        )
 
 
 class DuckDbConnector:
@@ -690,30 +718,15 @@ class DuckDbConnector:
 
         def body(conn: duckdb.DuckDBPyConnection) -> int:
             count: int | None = None
-            if prepare:
-                _prepare_in(conn, operation_id, intent_digest, epoch)
             # Write the fence row first: a seal running meanwhile conflicts with this
             # transaction at once, and a seal that committed first leaves no row here.
-            locked = _fence_write(
-                conn,
-                f"UPDATE {_FENCE} SET write_token = ? "
-                "WHERE operation_id = ? AND epoch = ? AND state = 'prepared'",
-                [_token(), operation_id, epoch],
+            # A prepare that inserted or raised the row in this transaction has written
+            # it already, at this epoch and intent (a committed row it leaves alone).
+            wrote = prepare and (
+                _prepare_in(conn, operation_id, intent_digest, epoch).status is FenceStatus.PREPARED
             )
-            if locked != 1:
-                current = _observation(_read_fence(conn, operation_id))
-                at = f" at epoch {current.epoch}" if current.epoch is not None else ""
-                raise FencedOut(
-                    f"the fence is {current.status.value}{at}, not prepared at this "
-                    f"executor's epoch {epoch}; nothing was written",
-                    operation_id=operation_id,
-                )
-            current = _observation(_read_fence(conn, operation_id))
-            if current.intent_digest not in (None, intent_digest):
-                raise IntentConflict(
-                    "the fence was prepared for another intent digest; nothing was written",
-                    operation_id=operation_id,
-                )
+            if not wrote:
+                _lock_prepared(conn, operation_id, intent_digest, epoch)
             existing = _table_columns(conn, table)
             if existing.names:
                 _check_columns(existing, plan, table)
@@ -760,12 +773,13 @@ class DuckDbConnector:
     ) -> int | None:
         """Load the source file with DuckDB's own CSV reader; None: use the rows instead.
 
-        While DuckDB scans the file, a thread reads it too (``RawCsv.chunks``): hashed,
-        it must be the snapshot, and checked, it must hold RFC 4180 records that the
-        rows path reads the same way, as many as DuckDB loaded. After the scan the file
-        is hashed again and must still be the same file (``verify_unchanged``). All of it
-        runs inside the transaction: a changed file raises "source changed" and nothing
-        commits; a refusal rolls back and the rows path runs (``_RowsInstead``).
+        While DuckDB scans the file, a thread reads it too (``RawCsv.chunks``): it must
+        be the snapshot (hashed, unless the identity's hash vouches for this very file)
+        and hold RFC 4180 records that the rows path reads the same way, as many as
+        DuckDB loaded. After the scan it must still be the file the thread opened
+        (``verify_unchanged``: its stat, and a new hash if it was racy; ADR 0004). All
+        of it runs inside the transaction: a changed file raises "source changed" and
+        nothing commits; a refusal rolls back and the rows path runs (``_RowsInstead``).
         """
         if raw.columns != tuple(c.name for c in plan.columns):
             return None
@@ -890,14 +904,19 @@ class DuckDbConnector:
             return FenceObservation(status=FenceStatus.ABSENT)
 
         def body(conn: duckdb.DuckDBPyConnection) -> FenceObservation:
-            has_fence = conn.execute(
-                "SELECT 1 FROM duckdb_tables() WHERE database_name = current_database() "
-                "AND schema_name = 'main' AND table_name = ?",
-                [FENCE_TABLE],
-            ).fetchone()
-            if has_fence is None:
-                return FenceObservation(status=FenceStatus.ABSENT)
-            return _observation(_read_fence(conn, operation_id))
+            # One query when the fence table exists (always, once a write opened the
+            # file); the catalog is asked only when the read fails.
+            try:
+                return _observation(_read_fence(conn, operation_id))
+            except duckdb.CatalogException:
+                has_fence = conn.execute(
+                    "SELECT 1 FROM duckdb_tables() WHERE database_name = current_database() "
+                    "AND schema_name = 'main' AND table_name = ?",
+                    [FENCE_TABLE],
+                ).fetchone()
+                if has_fence is None:
+                    return FenceObservation(status=FenceStatus.ABSENT)
+                raise
 
         return self._read(body, action="observe", operation_id=operation_id)
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dpone.adapters.sources._prefetch import sha256_of_file, take_prefetched
+from dpone.adapters.sources._prefetch import hash_file, take_prefetched
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
 
@@ -59,7 +59,7 @@ def file_identity(path: Path) -> str:
 
 def _hash_file(path: Path) -> str:
     try:
-        digest = sha256_of_file(path)
+        digest = hash_file(path)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         raise _missing(path) from exc
     except OSError as exc:
