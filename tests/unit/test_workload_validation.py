@@ -182,3 +182,49 @@ def test_dpone_run_of_a_csv_to_sqlite_workload_never_imports_pydantic(tmp_path: 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("loaded: [] True"), done.stdout
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"load": {"strategy": "merge", "key": ["id"], "strategy ": "append"}}, "load.strategy "),
+        ({"load": {"strategy\t": "append"}}, "load.strategy\t"),
+        ({"target": {**BASE["target"], "kind ": "postgres"}}, "target.kind "),
+        ({"target": {"kind": "sqlite", "url ": "sqlite:///t.db", "table": "t"}}, "target.url "),
+        ({"target": {"kind": "sqlite", "url": "sqlite:///t.db", " table": "t"}}, "target. table"),
+        ({"source": {"kind": "csv", "path ": "a.csv"}}, "source.path "),
+    ],
+)
+def test_a_padded_field_name_is_an_unknown_field(changes: dict[str, Any], field: str) -> None:
+    """Spaces are stripped from values, never from a field's name (a second strategy)."""
+    error = _invalid(**changes)
+    assert error.field == field, error.message
+    assert "Extra inputs are not permitted" in error.message
+
+
+def test_the_names_of_columns_and_source_hashes_are_stripped_and_must_stay_distinct() -> None:
+    source = {"kind": "csv", "path": "{partition}.csv", "columns": {" id ": "integer"}}
+    workload = _parse(source=source)
+    assert workload.source.columns == {"id": "integer"}
+    digest = "sha256:" + "0" * 64
+    store = {"kind": "local", "path": "lake"}
+    publication = {"dataset": "d", "store": store, "partitions": ["a"]}
+    published = _parse(
+        source=source,
+        target={"kind": "publication"},
+        load={"strategy": "replace"},
+        publication={**publication, "source_hashes": {" a": digest}},
+    )
+    assert published.publication is not None
+    assert published.publication.source_hashes == {"a": digest}
+    error = _invalid(source={**source, "columns": {" id": "text", "id ": "integer"}})
+    assert error.field == "source.columns", error.message
+    assert "given twice" in error.message
+    twice = {"source_hashes": {"a": digest, "a ": digest}}
+    error = _invalid(
+        source=source,
+        target={"kind": "publication"},
+        load={"strategy": "replace"},
+        publication={**publication, **twice},
+    )
+    assert error.field == "publication.source_hashes", error.message

@@ -859,9 +859,11 @@ def _lenient(data: dict[str, Any]) -> dict[str, Any]:
     """What the file means before it is checked: defaults by section, spaces stripped.
 
     A publication workload needs no target or load (its target is the store) and a rest
-    target's load is an append. Surrounding spaces are stripped from every string, but a
-    third-party connector's options go to it as written. ``incremental.start`` may be a
-    date or any ISO 8601 timestamp, as YAML authors write it.
+    target's load is an append. Surrounding spaces are stripped from every string value
+    and from the names in ``columns`` and ``source_hashes``, never from a field's name
+    (``"strategy "`` is an unknown field, as before), and a third-party connector's
+    options go to it as written. ``incremental.start`` may be a date or any ISO 8601
+    timestamp, as YAML authors write it.
     """
     if data.get("publication") is not None:
         data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
@@ -869,20 +871,32 @@ def _lenient(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(target, dict) and target.get("kind") == "rest" and "load" not in data:
         data = {**data, "load": {"strategy": "append"}}  # a receiver job appends
     plugin = isinstance(target, dict) and _stripped(target.get("kind")) not in _BUILTIN_TARGETS
-    data = {k: (v if k == "target" and plugin else _stripped(v)) for k, v in data.items()}
+    data = {k: (v if k == "target" and plugin else _stripped(v, (k,))) for k, v in data.items()}
     incremental = data.get("incremental")
     if isinstance(incremental, dict) and "start" in incremental:
         data["incremental"] = {**incremental, "start": _timestamp(incremental["start"])}
     return data
 
 
-def _stripped(value: object) -> object:
+#: the mappings whose keys are names the file chooses, stripped like values (as before)
+_FREE_MAPPINGS = frozenset({("source", "columns"), ("publication", "source_hashes")})
+
+
+def _stripped(value: object, path: tuple[str, ...] = ()) -> object:
+    """``value`` (found at ``path``) with surrounding spaces stripped from its strings."""
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, dict):
-        return {_stripped(k): _stripped(v) for k, v in value.items()}
+        if path not in _FREE_MAPPINGS:
+            return {k: _stripped(v, (*path, str(k))) for k, v in value.items()}
+        names = {k: _stripped(k) for k in value}
+        if len(set(names.values())) != len(names):
+            raise _Invalid(
+                ".".join(path), "a name is given twice once its surrounding spaces are stripped"
+            )
+        return {names[k]: _stripped(v, (*path, str(k))) for k, v in value.items()}
     if isinstance(value, list):
-        return [_stripped(v) for v in value]
+        return [_stripped(v, (*path, str(i))) for i, v in enumerate(value)]
     return value
 
 
@@ -910,13 +924,15 @@ def parse_workload(data: Any, *, base_dir: Path) -> Workload:
         return msgspec.convert({**_lenient(data), "base_dir": base_dir}, Workload, strict=False)
     except msgspec.ValidationError as exc:
         parts, message, fix = _explain(exc)
-        where = ".".join(parts)
-        raise ConfigInvalid(
-            f"workload file is invalid:\n  {where or '(top level)'}: {message}"
-            + (f" -> {fix}" if fix else ""),
-            field=where or "workload",
-            hint="fix the field named above; see the README for a complete workload file",
-        ) from None
+    except _Invalid as exc:  # found before validation (_lenient)
+        parts, message, fix = [exc.field], exc.message, exc.fix
+    where = ".".join(p for p in parts if p)
+    raise ConfigInvalid(
+        f"workload file is invalid:\n  {where or '(top level)'}: {message}"
+        + (f" -> {fix}" if fix else ""),
+        field=where or "workload",
+        hint="fix the field named above; see the README for a complete workload file",
+    )
 
 
 def load_workload(path: str | Path) -> Workload:
