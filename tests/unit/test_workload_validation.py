@@ -228,3 +228,73 @@ def test_the_names_of_columns_and_source_hashes_are_stripped_and_must_stay_disti
         publication={**publication, **twice},
     )
     assert error.field == "publication.source_hashes", error.message
+
+
+_CANARY = "postgresql://u:s3cretPW@h/db"
+_PG = {"kind": "postgres", "url": "postgresql://h/db", "table": "t"}
+_PUBLICATION = {
+    "source": {"kind": "csv", "path": "{partition}.csv"},
+    "target": {"kind": "publication"},
+    "load": {"strategy": "replace"},
+    "publication": {"dataset": "d", "store": {"kind": "local", "path": "l"}, "partitions": ["a"]},
+}
+#: mistakes with a pasted secret in them or beside them: the error never repeats it
+SECRET_MISTAKES: list[dict[str, Any]] = [
+    {"load": {"strategy": _CANARY}},
+    {"load": {"strategy": "append", "key": [_CANARY]}},
+    {"load": {"strategy": "append", _CANARY: 1}},
+    {_CANARY: "append"},
+    {f" {_CANARY} ": "append"},
+    {"source": {"kind": "csv", "path": "a", "columns": {_CANARY: "text"}}},
+    {"source": {"kind": "csv", "path": "a", "columns": {"a": _CANARY}}},
+    {"source": {"kind": "csv", "path": "{" + _CANARY}},
+    {"source": {"kind": "csv", "path": "{" + _CANARY + "}"}},
+    {"source": {"kind": _CANARY, "path": "a"}},
+    {"source": {"kind": {_CANARY: 1}, "path": "a"}},
+    {"source": {"kind": "sqlite_table", "url": "sqlite:///s.db", "table": _CANARY}},
+    {"source": {"kind": "sqlite_table", "url": "sqlite:///s.db", "table": "t", "x": _CANARY}},
+    {"target": {**_PG, "table": _CANARY}},
+    {"target": {**_PG, "fence_schema": _CANARY}},
+    {"target": {**_PG, "url": _CANARY, "fence_schema": "1x"}},
+    {"target": {"kind": _CANARY, "table": "t"}},
+    {"target": {"kind": {_CANARY: "sqlite"}, "table": "t"}},
+    {"target": {"kind": "rest", "url": _CANARY}},
+    {"target": {"kind": "rest", "url": "https://h", "credential": _CANARY}},
+    {"workload": _CANARY},
+    {"journal_schema": _CANARY},
+    {"audits": {"sql": [{"name": _CANARY, "query": "select 1"}]}},
+    {"incremental": {"start": _CANARY}},
+    {"retry": {"attempts": _CANARY}},
+    {**_PUBLICATION, "publication": {**_PUBLICATION["publication"], "interval": _CANARY}},
+    {**_PUBLICATION, "publication": {**_PUBLICATION["publication"], "format": _CANARY}},
+    {**_PUBLICATION, "publication": {**_PUBLICATION["publication"], "store": {"kind": _CANARY}}},
+    {**_PUBLICATION, "publication": {**_PUBLICATION["publication"], "partitions": [_CANARY]}},
+]
+
+
+@pytest.mark.parametrize("changes", SECRET_MISTAKES)
+def test_a_mistake_never_repeats_a_value_of_the_file(changes: dict[str, Any]) -> None:
+    error = _invalid(**changes)
+    assert "s3cretPW" not in f"{error.message} {error.field} {error.hint}"
+
+
+def test_dpone_run_never_prints_a_value_of_the_file(tmp_path: Path) -> None:
+    """Through the CLI too, and for a variable name that is a pasted URL."""
+    import yaml
+
+    from dpone.testing.crash import run_dpone
+
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    runs = [
+        {"load": {"strategy": _CANARY}},
+        {"target": {**_PG, "table": _CANARY}},
+        {"target": {"kind": "sqlite", "url_env": _CANARY, "table": "t"}},
+        {"journal_env": _CANARY},
+    ]
+    for n, changes in enumerate(runs):
+        data = {**BASE, "source": {"kind": "csv", "path": "orders.csv"}, **changes}
+        (tmp_path / f"w{n}.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+        done = run_dpone(["run", f"w{n}.yaml", "--interval", "2026-11-01/2026-11-02"], cwd=tmp_path)
+        assert done.returncode == 2, (changes, done.stdout, done.stderr)
+        assert "DPONE_CONFIG_INVALID" in done.stdout + done.stderr
+        assert "s3cretPW" not in done.stdout + done.stderr, changes

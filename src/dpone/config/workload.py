@@ -1,9 +1,10 @@
 """Workload files: YAML -> validated, frozen settings. Every mistake is DPONE_CONFIG_INVALID.
 
 The settings are msgspec Structs (ADR 0010): unknown fields are refused, values are
-converted leniently the way a YAML author expects ("60" for a number), every string has
-its surrounding spaces stripped, and the checks of one section run in its
-``__post_init__``. A check names its field by raising :class:`_Invalid`. The ``kind`` of
+converted leniently the way a YAML author expects ("60" for a number), every string value
+has its surrounding spaces stripped, and the checks of one section run in its
+``__post_init__``. A check names its field by raising :class:`_Invalid`; no error repeats
+a value of the file (it may be a secret in the wrong place). The ``kind`` of
 ``source``, ``target`` and ``publication.store`` picks the class to validate against
 (:func:`_part`); a ``target.kind`` that is no built-in is a third-party connector's.
 """
@@ -11,6 +12,7 @@ its surrounding spaces stripped, and the checks of one section run in its
 from __future__ import annotations
 
 import os
+import re
 import string
 from collections.abc import Collection, Mapping
 from datetime import UTC, date, datetime
@@ -54,6 +56,8 @@ __all__ = [
 ]
 
 _EXTRA_FIX = "remove it (check the spelling against the README's workload example)"
+#: a name shown in an error: a value of the file is never shown (it may be a pasted secret)
+_SHOWN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 class _Model(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -76,7 +80,7 @@ def _identifier(value: str, field: str, *, qualified: bool = False) -> None:
         shape = "[schema.]name" if qualified else "name"
         raise _Invalid(
             field,
-            f"{value!r} is not a plain identifier {shape}: use letters, digits and _, "
+            f"Input is not a plain identifier {shape}: use letters, digits and _, "
             "not starting with a digit",
         )
 
@@ -107,15 +111,16 @@ def _path_template(value: str) -> None:
     except ValueError:
         raise _Invalid(
             "path",
-            f"{value!r} has an unbalanced brace; placeholders are {{partition}}, "
+            "the path has an unbalanced brace; placeholders are {partition}, "
             "{start:%Y-%m-%d} and {end:%Y-%m-%d}",
         ) from None
     unknown = sorted(fields - _PATH_FIELDS)
     if unknown:
+        shown = [name for name in unknown if _SHOWN_NAME.fullmatch(name)]
         raise _Invalid(
             "path",
-            f"unknown placeholder(s) {unknown} in the path; use {{partition}}, "
-            "{start:FORMAT} or {end:FORMAT}",
+            f"unknown placeholder(s) {shown if len(shown) == len(unknown) else ''} in the "
+            "path; use {partition}, {start:FORMAT} or {end:FORMAT}",
         )
 
 
@@ -361,15 +366,11 @@ class RestTargetConfig(_Model, kw_only=True, frozen=True):
                 msgspec.structs.force_setattr(self, "url", _receiver_url(self.url))
             except ValueError as exc:
                 raise _Invalid("url", str(exc)) from None
-        if self.credential is not None:
-            import re
-
-            if not re.match(_CREDENTIAL_REF, self.credential):
-                raise _Invalid(
-                    "credential",
-                    "the credential must be a reference, env:NAME or file:PATH, never the "
-                    "token itself",
-                )
+        if self.credential is not None and not re.match(_CREDENTIAL_REF, self.credential):
+            raise _Invalid(
+                "credential",
+                "the credential must be a reference, env:NAME or file:PATH, never the token itself",
+            )
         _one_url(self.url, self.url_env)
         if self.submit_lease_seconds <= self.request_timeout_seconds:
             raise ValueError(
@@ -461,8 +462,12 @@ class PublicationConfig(_Model, kw_only=True, frozen=True):
 
             try:
                 canonical = parse_interval(self.interval).canonical()
-            except ConfigInvalid as exc:
-                raise _Invalid("interval", exc.message) from None
+            except (ConfigInvalid, ValueError, OverflowError):
+                raise _Invalid(
+                    "interval",
+                    "Input should be START/END, ISO 8601 dates or times with START before END",
+                    "write e.g. 2026-11-01/2026-11-02 or leave it out for --interval",
+                ) from None
             msgspec.structs.force_setattr(self, "interval", canonical)
         store = _part(self.store, "store", _STORES, "store kind")
         msgspec.structs.force_setattr(self, "store", store)
@@ -632,10 +637,11 @@ class Workload(_Model, kw_only=True, frozen=True):
         if self.journal_env is not None:
             value = env.get(self.journal_env)
             if not value:
+                name = self.journal_env
                 raise ConfigInvalid(
-                    f"journal_env names {self.journal_env}, which is not set",
+                    f"journal_env names {_variable(name)}, which is not set",
                     field="journal_env",
-                    hint=f"export {self.journal_env}=sqlite:///path/to/journal.db",
+                    hint=f"export {_variable(name, 'NAME')}=sqlite:///path/to/journal.db",
                 )
             return value
         return env.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
@@ -663,8 +669,8 @@ class Workload(_Model, kw_only=True, frozen=True):
                 return _receiver_url(url)
             except ValueError as exc:
                 raise ConfigInvalid(
-                    f"target.url_env names {target.url_env}, whose value is not a receiver "
-                    f"URL: {exc}",
+                    f"target.url_env names {_variable(target.url_env)}, whose value is not a "
+                    f"receiver URL: {exc}",
                     field="target.url_env",
                     hint="export the receiver's base URL, e.g. https://bulk.example.com/api",
                 ) from None
@@ -681,11 +687,16 @@ def _url_of(
     value = env.get(name)
     if not value:
         raise ConfigInvalid(
-            f"{section}.url_env names {name}, which is not set",
+            f"{section}.url_env names {_variable(name)}, which is not set",
             field=f"{section}.url_env",
-            hint=f"export {name}=<{what}>",
+            hint=f"export {_variable(name, 'NAME')}=<{what}>",
         )
     return value
+
+
+def _variable(name: str, otherwise: str = "a variable") -> str:
+    """The variable ``name`` in a message, unless it is no plain name (a pasted secret?)."""
+    return name if _SHOWN_NAME.fullmatch(name) else otherwise
 
 
 def resolve_file_url(url: str, *, scheme: str, base_dir: Path, field: str) -> Path:
@@ -749,7 +760,7 @@ def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str)
     if cls is None:
         raise _Invalid(
             f"{field}.kind",
-            f"{value['kind']!r} is not a {what}",
+            f"Input is not a {what}",
             "use one of: " + ", ".join(repr(k) for k in classes),
         )
     try:
@@ -770,7 +781,7 @@ def _target(value: object) -> msgspec.Struct:
     if kind not in installed:
         raise _Invalid(
             "target.kind",
-            f"unknown target kind {kind!r}: built-in kinds are "
+            "Input is not a target kind: built-in kinds are "
             f"{', '.join(_BUILTIN_TARGETS)}; installed connector packages provide "
             f"{', '.join(installed) or 'none'}",
         )
@@ -807,10 +818,19 @@ _BOUND_WORDS = {
 }
 
 
-def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
-    """The field path, message and fix of msgspec's (first) error, in the file's terms."""
-    import re
+def _unknown_field(parts: list[str], name: str) -> tuple[list[str], str, str]:
+    """The error of the unknown field ``name``, shown only if it reads as a field's name."""
+    if _SHOWN_NAME.fullmatch(name.strip()):  # "strategy " too, as pydantic showed it
+        return [*parts, name], "Extra inputs are not permitted", _EXTRA_FIX
+    return parts, "an unknown field: Extra inputs are not permitted", _EXTRA_FIX
 
+
+def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
+    """The field path, message and fix of msgspec's (first) error, in the file's terms.
+
+    No value of the file is repeated (a secret may sit in the wrong field); the allowed
+    values are listed instead.
+    """
     text = str(error)
     found = re.fullmatch(r"(?s)(.*?)(?: - at (`key` in )?`\$([^`]*)`)?", text)
     message, key, path = found.groups() if found else (text, None, "")
@@ -822,9 +842,8 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
     if isinstance(cause, _Invalid):
         return parts + [p for p in cause.field.split(".") if p], cause.message, cause.fix
     fix = ""
-    if named := re.fullmatch(r"Object contains unknown field `(.+)`", message):
-        parts.append(named[1])
-        message, fix = "Extra inputs are not permitted", _EXTRA_FIX
+    if named := re.fullmatch(r"(?s)Object contains unknown field `(.+)`", message):
+        parts, message, fix = _unknown_field(parts, named[1])
     elif named := re.fullmatch(r"Object missing required field `(.+)`", message):
         parts.append(named[1])
         message, fix = "Field required", "add it"
@@ -846,8 +865,8 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
         message = f"String should have {'at least' if length[1] == '>=' else 'at most'} {count}"
     elif pattern := re.fullmatch(r"Expected `str` matching regex (.+)", message):
         message = f"String should match pattern {pattern[1]}"
-    elif value := re.fullmatch(r"Invalid enum value (.+)", message):
-        message = f"Input {value[1]} is not allowed"
+    elif message.startswith("Invalid enum value "):  # never echoed: it may be a secret
+        message = "Input is not one of the allowed values"
         if field in _CHOICES:
             fix = "use one of: " + ", ".join(repr(c) for c in _CHOICES[field])
     if key:
