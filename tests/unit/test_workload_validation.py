@@ -298,3 +298,65 @@ def test_dpone_run_never_prints_a_value_of_the_file(tmp_path: Path) -> None:
         assert done.returncode == 2, (changes, done.stdout, done.stderr)
         assert "DPONE_CONFIG_INVALID" in done.stdout + done.stderr
         assert "s3cretPW" not in done.stdout + done.stderr, changes
+
+
+def _laughs(depth: int) -> str:
+    """YAML whose alias ``a{depth}`` expands to 10**depth values ("billion laughs")."""
+    rows = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    rows += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, depth + 1)]
+    return "\n  ".join(rows)
+
+
+_HEAD_YAML = "workload: w\nrelease: r\ndeployment: d\nsource: {kind: csv, path: a.csv}\n"
+_TARGET_YAML = "target: {kind: sqlite, url: 'sqlite:///t.db', table: t}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (_HEAD_YAML + _TARGET_YAML + "load: {strategy: append}\njunk: &r [*r]\n", "junk"),
+        (_HEAD_YAML + _TARGET_YAML + "load: {strategy: append}\njunk: &r {a: *r}\n", "junk"),
+        (
+            _HEAD_YAML + "target: &t {kind: sqlite, url: 'sqlite:///t.db', table: t, me: *t}\n",
+            "target.me.me",
+        ),
+        (_HEAD_YAML + "target: &t {kind: example_append, me: *t}\n", "target.me.me"),
+        (
+            _HEAD_YAML + _TARGET_YAML + "load: {strategy: append}\n"
+            "recovery: {authorized_principals: &p [a, *p]}\n",
+            "recovery.authorized_principals.1",
+        ),
+        (
+            "workload: w\nrelease: r\ndeployment: d\n"
+            + _TARGET_YAML
+            + "source: {kind: csv, path: a.csv, columns: &c {a: *c}}\n",
+            "source.columns.a",
+        ),
+        (_HEAD_YAML + _TARGET_YAML + "junk: " + "[" * 5000 + "]" * 5000 + "\n", "workload"),
+    ],
+)
+def test_a_value_inside_itself_is_a_config_error(tmp_path: Path, text: str, field: str) -> None:
+    from dpone.config.workload import load_workload
+
+    (tmp_path / "w.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigInvalid) as caught:
+        load_workload(tmp_path / "w.yaml")
+    assert caught.value.field == field, caught.value.message
+
+
+@pytest.mark.parametrize("field", ["junk", "load.key"])
+def test_repeated_aliases_are_refused_without_expanding_them(tmp_path: Path, field: str) -> None:
+    """A depth-8 "billion laughs" (10**8 values) is refused in well under a second."""
+    import time
+
+    import yaml
+
+    text = _HEAD_YAML + _TARGET_YAML + "load: {strategy: append}\njunk:\n  " + _laughs(8)
+    data = yaml.safe_load(text)
+    if field == "load.key":  # a known field: its values are read, up to a bound
+        data["load"]["key"] = data.pop("junk")["a8"]
+    started = time.process_time()
+    with pytest.raises(ConfigInvalid) as caught:
+        parse_workload(data, base_dir=tmp_path)
+    assert time.process_time() - started < 1.0
+    assert caught.value.field.startswith(field), caught.value.message

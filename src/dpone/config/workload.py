@@ -874,6 +874,10 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
     return parts, message, fix
 
 
+#: the fields of a workload file
+_FILE_FIELDS = frozenset(Workload.__struct_fields__) - {"base_dir"}
+
+
 def _lenient(data: dict[str, Any]) -> dict[str, Any]:
     """What the file means before it is checked: defaults by section, spaces stripped.
 
@@ -882,41 +886,79 @@ def _lenient(data: dict[str, Any]) -> dict[str, Any]:
     and from the names in ``columns`` and ``source_hashes``, never from a field's name
     (``"strategy "`` is an unknown field, as before), and a third-party connector's
     options go to it as written. ``incremental.start`` may be a date or any ISO 8601
-    timestamp, as YAML authors write it.
+    timestamp, as YAML authors write it. An unknown top-level field is refused before
+    its value is read (:class:`_Copy` bounds what the others may expand to).
     """
+    for name in data:
+        if isinstance(name, str) and name not in _FILE_FIELDS:
+            parts, message, fix = _unknown_field([], name)
+            raise _Invalid(".".join(parts), message, fix)
     if data.get("publication") is not None:
         data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
     target = data.get("target")
     if isinstance(target, dict) and target.get("kind") == "rest" and "load" not in data:
         data = {**data, "load": {"strategy": "append"}}  # a receiver job appends
     plugin = isinstance(target, dict) and _stripped(target.get("kind")) not in _BUILTIN_TARGETS
-    data = {k: (v if k == "target" and plugin else _stripped(v, (k,))) for k, v in data.items()}
+    copy = _Copy()
+    data = {k: copy(v, (k,), strip=not (k == "target" and plugin)) for k, v in data.items()}
     incremental = data.get("incremental")
     if isinstance(incremental, dict) and "start" in incremental:
         data["incremental"] = {**incremental, "start": _timestamp(incremental["start"])}
     return data
 
 
+def _stripped(value: object) -> object:
+    return value.strip() if isinstance(value, str) else value
+
+
 #: the mappings whose keys are names the file chooses, stripped like values (as before)
 _FREE_MAPPINGS = frozenset({("source", "columns"), ("publication", "source_hashes")})
+#: what a file may expand to: YAML aliases can repeat a value (exponentially, in a
+#: "billion laughs") or put a mapping inside itself; past these bounds it is refused
+_MAX_DEPTH = 32
+_MAX_VALUES = 100_000
 
 
-def _stripped(value: object, path: tuple[str, ...] = ()) -> object:
-    """``value`` (found at ``path``) with surrounding spaces stripped from its strings."""
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, dict):
-        if path not in _FREE_MAPPINGS:
-            return {k: _stripped(v, (*path, str(k))) for k, v in value.items()}
+class _Copy:
+    """Copies a file's values (strings stripped), refusing more than a workload needs."""
+
+    def __init__(self) -> None:
+        self.left = _MAX_VALUES
+
+    def __call__(self, value: object, path: tuple[str, ...], *, strip: bool = True) -> object:
+        """``value``, found at ``path``; ``strip`` strips its strings."""
+        self.left -= 1
+        if self.left < 0 or len(path) > _MAX_DEPTH:
+            raise _Invalid(
+                _where(path[:3]),
+                f"the values nest more than {_MAX_DEPTH} deep or number more than "
+                f"{_MAX_VALUES} (a YAML alias inside itself, or repeated aliases?)",
+                "write the section out without aliases",
+            )
+        if isinstance(value, str):
+            return value.strip() if strip else value
+        if isinstance(value, list):
+            return [self(v, (*path, str(i)), strip=strip) for i, v in enumerate(value)]
+        if not isinstance(value, dict):
+            return value
+        if path not in _FREE_MAPPINGS or not strip:
+            return {k: self(v, (*path, str(k)), strip=strip) for k, v in value.items()}
         names = {k: _stripped(k) for k in value}
         if len(set(names.values())) != len(names):
             raise _Invalid(
-                ".".join(path), "a name is given twice once its surrounding spaces are stripped"
+                _where(path), "a name is given twice once its surrounding spaces are stripped"
             )
-        return {names[k]: _stripped(v, (*path, str(k))) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_stripped(v, (*path, str(i))) for i, v in enumerate(value)]
-    return value
+        return {names[k]: self(v, (*path, str(k))) for k, v in value.items()}
+
+
+def _where(path: tuple[str, ...]) -> str:
+    """``path`` as a field name, up to its first part that is no plain name or number."""
+    shown: list[str] = []
+    for part in path:
+        if not (_SHOWN_NAME.fullmatch(part) or part.isdigit()):
+            break
+        shown.append(part)
+    return ".".join(shown)
 
 
 def _timestamp(value: object) -> object:
@@ -980,6 +1022,13 @@ def load_workload(path: str | Path) -> Workload:
             f"workload file {file} is not valid YAML{where}",
             field="workload",
             hint="check indentation and quoting",
+        ) from None
+    except (RecursionError, ValueError):  # nested too deeply, an integer of 5000 digits
+        raise ConfigInvalid(
+            f"workload file {file} is not a workload's YAML (nested too deeply or a number "
+            "too long)",
+            field="workload",
+            hint="start from the README's workload example",
         ) from None
     return parse_workload(data, base_dir=file.resolve().parent)
 
