@@ -360,3 +360,22 @@ def test_repeated_aliases_are_refused_without_expanding_them(tmp_path: Path, fie
         parse_workload(data, base_dir=tmp_path)
     assert time.process_time() - started < 1.0
     assert caught.value.field.startswith(field), caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"release": "\ud800"}, "release"),
+        ({"source": {"kind": "csv", "path": "a\udfff.csv"}}, "source.path"),
+        ({"target": {"kind": "sqlite", "url": "sqlite:///\ud800.db", "table": "t"}}, "target.url"),
+        ({"target": {"kind": "sqlite", "url_env": "\ud800", "table": "t"}}, "target.url_env"),
+        ({"target": {"kind": "example_append", "path": "\ud800"}}, "target.path"),
+        ({"source": {"kind": "csv", "path": "a", "columns": {"\ud800": "text"}}}, "source.columns"),
+    ],
+)
+def test_text_utf8_cannot_encode_is_refused(changes: dict[str, Any], field: str) -> None:
+    """A lone surrogate would fail later, in the identity digest (canonical_json)."""
+    error = _invalid(**changes)
+    assert error.field == field, error.message
+    assert "lone surrogate" in error.message
+    error.message.encode("utf-8")

@@ -920,7 +920,11 @@ _MAX_VALUES = 100_000
 
 
 class _Copy:
-    """Copies a file's values (strings stripped), refusing more than a workload needs."""
+    """Copies a file's values (strings stripped), refusing more than a workload needs.
+
+    Text UTF-8 cannot encode (a lone surrogate, which YAML's "\\ud800" writes) is refused
+    too: the operation identity digests the values as UTF-8.
+    """
 
     def __init__(self) -> None:
         self.left = _MAX_VALUES
@@ -936,11 +940,15 @@ class _Copy:
                 "write the section out without aliases",
             )
         if isinstance(value, str):
+            _encodable(value, path)
             return value.strip() if strip else value
         if isinstance(value, list):
             return [self(v, (*path, str(i)), strip=strip) for i, v in enumerate(value)]
         if not isinstance(value, dict):
             return value
+        for key in value:
+            if isinstance(key, str):
+                _encodable(key, path)
         if path not in _FREE_MAPPINGS or not strip:
             return {k: self(v, (*path, str(k)), strip=strip) for k, v in value.items()}
         names = {k: _stripped(k) for k in value}
@@ -949,6 +957,18 @@ class _Copy:
                 _where(path), "a name is given twice once its surrounding spaces are stripped"
             )
         return {names[k]: self(v, (*path, str(k))) for k, v in value.items()}
+
+
+def _encodable(text: str, path: tuple[str, ...]) -> None:
+    """Refuse ``text`` (found at ``path``) if UTF-8 cannot encode it: identities digest it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Invalid(
+            _where(path),
+            "Input should be text UTF-8 can encode: it has a lone surrogate (e.g. \\ud800)",
+            "write the character itself or remove it",
+        ) from None
 
 
 def _where(path: tuple[str, ...]) -> str:
