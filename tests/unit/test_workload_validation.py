@@ -379,3 +379,25 @@ def test_text_utf8_cannot_encode_is_refused(changes: dict[str, Any], field: str)
     assert error.field == field, error.message
     assert "lone surrogate" in error.message
     error.message.encode("utf-8")
+
+
+def test_replace_checks_the_class_of_a_section_against_its_kind() -> None:
+    workload = _parse()
+    assert replace(workload, source=workload.source).source is workload.source
+    with pytest.raises(ValueError, match="source kind's section, got a SqliteTargetConfig"):
+        replace(workload, source=workload.target)
+    with pytest.raises(ValueError, match="target kind's section, got a CsvSourceConfig"):
+        replace(workload, target=workload.source)
+    with pytest.raises(ValueError, match="target kind's section"):
+        replace(workload, target=PluginTargetConfig(kind="sqlite"))
+    plugin = PluginTargetConfig(kind="example_append", extra={"path": "o"})
+    assert replace(workload, target=plugin).target is plugin
+    publication = _parse(
+        source={"kind": "csv", "path": "{partition}.csv"},
+        target={"kind": "publication"},
+        load={"strategy": "replace"},
+        publication={"dataset": "d", "store": {"kind": "local", "path": "l"}, "partitions": ["a"]},
+    ).publication
+    assert publication is not None
+    with pytest.raises(ValueError, match="store kind's section"):
+        replace(publication, store=workload.target)

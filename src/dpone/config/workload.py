@@ -751,7 +751,10 @@ _S = TypeVar("_S", bound=msgspec.Struct)
 def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str) -> _S:
     """Validate the section ``value`` against the class its ``kind`` names."""
     if isinstance(value, msgspec.Struct):  # already validated (replace() of a Workload)
-        return value  # type: ignore[return-value]
+        kind = getattr(value, "kind", None)
+        if isinstance(kind, str) and type(value) is classes.get(kind):
+            return value
+        raise _Invalid(field, f"Expected a {what}'s section, got a {type(value).__name__}")
     if not isinstance(value, dict):
         raise _Invalid(field, f"Expected a mapping with a kind, got {_type_name(value)}")
     if "kind" not in value:
@@ -772,6 +775,8 @@ def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str)
 
 def _target(value: object) -> msgspec.Struct:
     """A built-in target's section, or a third-party connector's (kind and options)."""
+    if isinstance(value, PluginTargetConfig) and value.kind not in _BUILTIN_TARGETS:
+        return value  # already validated (replace() of a Workload)
     kind = value.get("kind") if isinstance(value, dict) else None
     if not isinstance(value, dict) or kind in _BUILTIN_TARGETS or "kind" not in value:
         return _part(value, "target", _TARGETS, "target kind")
