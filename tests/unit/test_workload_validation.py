@@ -401,3 +401,10 @@ def test_replace_checks_the_class_of_a_section_against_its_kind() -> None:
     assert publication is not None
     with pytest.raises(ValueError, match="store kind's section"):
         replace(publication, store=workload.target)
+
+
+def test_a_padded_rest_kind_still_appends_by_default() -> None:
+    data = {**BASE, "target": {"kind": " rest ", "url": "https://h/api"}}
+    del data["load"]
+    workload = parse_workload(data, base_dir=Path("/w"))
+    assert (workload.target.kind, workload.load.strategy) == ("rest", "append")

@@ -901,9 +901,10 @@ def _lenient(data: dict[str, Any]) -> dict[str, Any]:
     if data.get("publication") is not None:
         data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
     target = data.get("target")
-    if isinstance(target, dict) and target.get("kind") == "rest" and "load" not in data:
+    kind = _stripped(target.get("kind")) if isinstance(target, dict) else None
+    if kind == "rest" and "load" not in data:
         data = {**data, "load": {"strategy": "append"}}  # a receiver job appends
-    plugin = isinstance(target, dict) and _stripped(target.get("kind")) not in _BUILTIN_TARGETS
+    plugin = isinstance(target, dict) and kind not in _BUILTIN_TARGETS
     copy = _Copy()
     data = {k: copy(v, (k,), strip=not (k == "target" and plugin)) for k, v in data.items()}
     incremental = data.get("incremental")
