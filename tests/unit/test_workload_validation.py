@@ -408,3 +408,12 @@ def test_a_padded_rest_kind_still_appends_by_default() -> None:
     del data["load"]
     workload = parse_workload(data, base_dir=Path("/w"))
     assert (workload.target.kind, workload.load.strategy) == ("rest", "append")
+
+
+@pytest.mark.parametrize(
+    "start", ["9999-12-31T23:00:00-05:00", "0001-01-01T01:00:00+05:00", "9999-12-31 23:00-05"]
+)
+def test_a_start_outside_the_utc_calendar_is_a_config_error(start: str) -> None:
+    error = _invalid(incremental={"start": start})
+    assert error.field == "incremental.start", error.message
+    assert "years 1 to 9999" in error.message

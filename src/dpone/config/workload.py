@@ -194,7 +194,13 @@ class IncrementalConfig(_Model, kw_only=True, frozen=True):
     max_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
     def __post_init__(self) -> None:
-        msgspec.structs.force_setattr(self, "start", _utc(self.start))
+        try:
+            start = _utc(self.start)
+        except OverflowError:  # 9999-12-31T23:00:00-05:00 is in year 10000 in UTC
+            raise _Invalid(
+                "start", "Input should be a timestamp within the years 1 to 9999 in UTC"
+            ) from None
+        msgspec.structs.force_setattr(self, "start", start)
 
 
 class CustomAuditConfig(_Model, kw_only=True, frozen=True):
