@@ -429,3 +429,10 @@ def test_a_start_outside_the_utc_calendar_is_a_config_error(start: str) -> None:
     error = _invalid(incremental={"start": start})
     assert error.field == "incremental.start", error.message
     assert "years 1 to 9999" in error.message
+
+
+def test_a_yaml_set_is_refused_its_order_varies_by_run() -> None:
+    """``key: !!set {a, b}`` would put the key columns in the pack in hash order."""
+    error = _invalid(load={"strategy": "merge", "key": {"a", "b"}})
+    assert error.field == "load.key", error.message
+    assert "!!set" in error.message

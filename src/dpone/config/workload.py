@@ -935,7 +935,8 @@ class _Copy:
     """Copies a file's values (strings stripped), refusing more than a workload needs.
 
     Text UTF-8 cannot encode (a lone surrogate, which YAML's "\\ud800" writes) is refused
-    too: the operation identity digests the values as UTF-8.
+    too, and so is a set (``!!set``): the operation identity digests the values as UTF-8,
+    in an order that must not change from run to run.
     """
 
     def __init__(self) -> None:
@@ -956,6 +957,10 @@ class _Copy:
             return value.strip() if strip else value
         if isinstance(value, list):
             return [self(v, (*path, str(i)), strip=strip) for i, v in enumerate(value)]
+        if isinstance(value, set | frozenset):  # its order, so the identity, varies by run
+            raise _Invalid(
+                _where(path), "Input should be a list: a YAML !!set has no order", "write [a, b]"
+            )
         if not isinstance(value, dict):
             return value
         for key in value:
