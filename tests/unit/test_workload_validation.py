@@ -436,3 +436,18 @@ def test_a_yaml_set_is_refused_its_order_varies_by_run() -> None:
     error = _invalid(load={"strategy": "merge", "key": {"a", "b"}})
     assert error.field == "load.key", error.message
     assert "!!set" in error.message
+
+
+def test_a_store_variable_that_is_a_pasted_secret_is_not_repeated() -> None:
+    from dpone.config.publication import open_store
+    from dpone.config.workload import S3StoreConfig
+
+    store = S3StoreConfig(
+        kind="s3", bucket="lake", access_key_id_env="KEY", secret_access_key_env=_CANARY
+    )
+    with pytest.raises(ConfigInvalid) as caught:
+        open_store(store, base_dir=Path("/w"), environ={"KEY": "k"})
+    assert caught.value.field == "publication.store.secret_access_key_env"
+    assert "s3cretPW" not in f"{caught.value.message} {caught.value.hint}"
+    with pytest.raises(ConfigInvalid, match="access_key_id_env names KEY, which is not set"):
+        open_store(store, base_dir=Path("/w"), environ={})

@@ -52,6 +52,7 @@ __all__ = [
     "parse_workload",
     "replace",
     "resolve_sqlite_url",
+    "shown_variable",
     "to_json_dict",
 ]
 
@@ -645,9 +646,9 @@ class Workload(_Model, kw_only=True, frozen=True):
             if not value:
                 name = self.journal_env
                 raise ConfigInvalid(
-                    f"journal_env names {_variable(name)}, which is not set",
+                    f"journal_env names {shown_variable(name)}, which is not set",
                     field="journal_env",
-                    hint=f"export {_variable(name, 'NAME')}=sqlite:///path/to/journal.db",
+                    hint=f"export {shown_variable(name, 'NAME')}=sqlite:///path/to/journal.db",
                 )
             return value
         return env.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
@@ -675,7 +676,7 @@ class Workload(_Model, kw_only=True, frozen=True):
                 return _receiver_url(url)
             except ValueError as exc:
                 raise ConfigInvalid(
-                    f"target.url_env names {_variable(target.url_env)}, whose value is not a "
+                    f"target.url_env names {shown_variable(target.url_env)}, whose value is not a "
                     f"receiver URL: {exc}",
                     field="target.url_env",
                     hint="export the receiver's base URL, e.g. https://bulk.example.com/api",
@@ -693,14 +694,14 @@ def _url_of(
     value = env.get(name)
     if not value:
         raise ConfigInvalid(
-            f"{section}.url_env names {_variable(name)}, which is not set",
+            f"{section}.url_env names {shown_variable(name)}, which is not set",
             field=f"{section}.url_env",
-            hint=f"export {_variable(name, 'NAME')}=<{what}>",
+            hint=f"export {shown_variable(name, 'NAME')}=<{what}>",
         )
     return value
 
 
-def _variable(name: str, otherwise: str = "a variable") -> str:
+def shown_variable(name: str, otherwise: str = "a variable") -> str:
     """The variable ``name`` in a message, unless it is no plain name (a pasted secret?)."""
     return name if _SHOWN_NAME.fullmatch(name) else otherwise
 
