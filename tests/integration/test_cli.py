@@ -401,13 +401,15 @@ def test_malformed_operation_ids_are_exit_2_and_never_echoed(tmp_path: Path, bad
 
 def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
     """Brackets in messages are text, not terminal markup: no traceback, nothing lost."""
-    # one mistake each: validation reports the first one (ADR 0010)
-    for mistake, text in [
-        ({"[/x]": 1}, "[/x]: Extra inputs are not permitted"),
-        ({"load": {"strategy": "merge"}}, "key: [column, ...]"),
+    # one mistake each: validation reports the first one (ADR 0010); a value of the file
+    # is never repeated (a field named [/x] is "an unknown field"), the file's path is
+    for mistake, args, text in [
+        ({"load": {"strategy": "merge"}}, RUN, "key: [column, ...]"),
+        ({"target": {**GOOD["target"], "table": "1x"}}, RUN, "identifier [schema.]name"),
+        ({}, ("run", "[/x].yaml", *RUN[2:]), "workload file [/x].yaml does not exist"),
     ]:
         write(tmp_path, {**GOOD, **mistake})
-        proc = run_dpone(RUN, cwd=tmp_path)
+        proc = run_dpone(args, cwd=tmp_path)
         assert proc.returncode == 2
         assert "Traceback" not in proc.stderr
         assert text in proc.stderr

@@ -101,6 +101,18 @@ CASES: dict[str, dict[str, Any]] = {
         "target": _SQLITE,
         "load": {"strategy": "merge", "key": [" id "]},
     },
+    # a third-party connector's target (examples/dpone-example-connector): its options go
+    # to the connector as written, unstripped, and only its kind is in the pack
+    "csv_plugin_replace_interval": {
+        **_HEAD,
+        "source": {
+            "kind": "csv",
+            "path": " in/{partition}.csv ",
+            "columns": {" id ": "integer", "at": "timestamp"},
+        },
+        "target": {"kind": "example_append", "path": " out.jsonl ", "n": 2},
+        "load": {"strategy": "replace_interval", "interval_column": " at "},
+    },
 }
 
 PUBLICATIONS: dict[str, dict[str, Any]] = {
@@ -136,6 +148,18 @@ PUBLICATIONS: dict[str, dict[str, Any]] = {
 }
 
 EXPECTED_PACK_FIELDS: dict[str, dict[str, object]] = {
+    "csv_plugin_replace_interval": {
+        "workload": "orders",
+        "release": "2026.11.0",
+        "deployment": "dev",
+        "source": {
+            "columns": {"id": "integer", "at": "timestamp"},
+            "kind": "csv",
+            "delimiter": ",",
+        },
+        "target": {"kind": "example_append", "identity": "sqlite:/warehouse.db#main.orders"},
+        "load": {"strategy": "replace_interval", "key": [], "interval_column": "at"},
+    },
     "csv_columns_postgres_merge": {
         "workload": "orders",
         "release": "2026.11.0",
@@ -226,6 +250,9 @@ EXPECTED_PACK_FIELDS: dict[str, dict[str, object]] = {
     },
 }
 EXPECTED_PACK: dict[str, str] = {
+    "csv_plugin_replace_interval": (
+        "sha256:2865e001ae4ff4064d94da603d01361107501b6c4dacbc4bc631f7a955a46376"
+    ),
     "csv_columns_postgres_merge": (
         "sha256:7d7b45abf60413e38696e5dd56d4886e753cb7193ec30f6ed66fbdf65c13153d"
     ),
@@ -289,6 +316,47 @@ EXPECTED_PUBLICATION_FIELDS: dict[str, dict[str, object]] = {
     },
 }
 EXPECTED_VALUES: dict[str, object] = {
+    "csv_plugin_replace_interval": {
+        "workload": "'orders'",
+        "release": "'2026.11.0'",
+        "deployment": "'dev'",
+        "journal": "None",
+        "journal_env": "None",
+        "journal_schema": "'dpone'",
+        "lease_ttl_seconds": "60.0",
+        "source": {
+            "path": "'in/{partition}.csv'",
+            "columns": {
+                "id": "<ColumnType.INTEGER: 'integer'>",
+                "at": "<ColumnType.TIMESTAMP: 'timestamp'>",
+            },
+            "kind": "'csv'",
+            "delimiter": "','",
+        },
+        # pydantic kept the options as the model's extras (model_extra), the same values
+        "target": {"kind": "'example_append'", "extra": {"path": "' out.jsonl '", "n": "2"}},
+        "load": {
+            "strategy": "<LoadStrategy.REPLACE_INTERVAL: 'replace_interval'>",
+            "key": [],
+            "interval_column": "'at'",
+            "batch_size": "10000",
+        },
+        "recovery": {"authorized_principals": []},
+        "incremental": "None",
+        "audits": "None",
+        "retry": {
+            "attempts": "1",
+            "budget_seconds": "60.0",
+            "wait_initial_seconds": "0.5",
+            "wait_max_seconds": "10.0",
+            "wait_jitter_seconds": "0.5",
+            "wait_exp_base": "2.0",
+        },
+        "require_certified": "False",
+        "certification_dir": "None",
+        "publication": "None",
+        "base_dir": "PosixPath('/w')",
+    },
     "csv_columns_postgres_merge": {
         "workload": "'orders'",
         "release": "'2026.11.0'",

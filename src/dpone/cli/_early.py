@@ -1,6 +1,6 @@
 """Work ``dpone run`` can start before the rest of dpone is imported.
 
-Importing the CLI, pydantic and the runtime holds the interpreter for about 0.15 s;
+Importing the CLI, msgspec and the runtime holds the interpreter for about 0.15 s;
 hashing a large source file for its identity does not (``hashlib`` and file reads
 release the GIL). So before those imports, ``dpone run`` peeks at the workload file
 with a bare YAML read and, for a file source with a fixed path, starts hashing it in a

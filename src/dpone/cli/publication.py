@@ -58,7 +58,7 @@ def _result_json(result: Any) -> dict[str, Any]:
 def _frozen_gc() -> Iterator[None]:
     """Hide every object alive now from the cyclic collector while partitions are written.
 
-    What opening a publication imported (pydantic models, pyarrow) lives as long as the
+    What opening a publication imported (workload settings, pyarrow) lives as long as the
     command; without this, each full collection that millions of row tuples trigger
     re-walks it (docs/benchmarks.md, partition publication). Scoped, so a caller that runs
     the command in-process (tests, embedding) gets its objects back into collection after.

@@ -54,6 +54,7 @@ from .workload import (
     S3StoreConfig,
     Workload,
     load_workload,
+    shown_variable,
     to_json_dict,
 )
 
@@ -87,9 +88,9 @@ def open_store(
         value = environ.get(name)
         if not value:
             raise ConfigInvalid(
-                f"publication.store.{what} names {name}, which is not set",
+                f"publication.store.{what} names {shown_variable(name)}, which is not set",
                 field=f"publication.store.{what}",
-                hint=f"export {name}=...",
+                hint=f"export {shown_variable(name, 'NAME')}=...",
             )
         return value
 

@@ -1,9 +1,10 @@
 """Workload files: YAML -> validated, frozen settings. Every mistake is DPONE_CONFIG_INVALID.
 
 The settings are msgspec Structs (ADR 0010): unknown fields are refused, values are
-converted leniently the way a YAML author expects ("60" for a number), every string has
-its surrounding spaces stripped, and the checks of one section run in its
-``__post_init__``. A check names its field by raising :class:`_Invalid`. The ``kind`` of
+converted leniently the way a YAML author expects ("60" for a number), every string value
+has its surrounding spaces stripped, and the checks of one section run in its
+``__post_init__``. A check names its field by raising :class:`_Invalid`; no error repeats
+a value of the file (it may be a secret in the wrong place). The ``kind`` of
 ``source``, ``target`` and ``publication.store`` picks the class to validate against
 (:func:`_part`); a ``target.kind`` that is no built-in is a third-party connector's.
 """
@@ -11,6 +12,7 @@ its surrounding spaces stripped, and the checks of one section run in its
 from __future__ import annotations
 
 import os
+import re
 import string
 from collections.abc import Collection, Mapping
 from datetime import UTC, date, datetime
@@ -50,10 +52,13 @@ __all__ = [
     "parse_workload",
     "replace",
     "resolve_sqlite_url",
+    "shown_variable",
     "to_json_dict",
 ]
 
 _EXTRA_FIX = "remove it (check the spelling against the README's workload example)"
+#: a name shown in an error: a value of the file is never shown (it may be a pasted secret)
+_SHOWN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 class _Model(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -76,7 +81,7 @@ def _identifier(value: str, field: str, *, qualified: bool = False) -> None:
         shape = "[schema.]name" if qualified else "name"
         raise _Invalid(
             field,
-            f"{value!r} is not a plain identifier {shape}: use letters, digits and _, "
+            f"Input is not a plain identifier {shape}: use letters, digits and _, "
             "not starting with a digit",
         )
 
@@ -107,15 +112,16 @@ def _path_template(value: str) -> None:
     except ValueError:
         raise _Invalid(
             "path",
-            f"{value!r} has an unbalanced brace; placeholders are {{partition}}, "
+            "the path has an unbalanced brace; placeholders are {partition}, "
             "{start:%Y-%m-%d} and {end:%Y-%m-%d}",
         ) from None
     unknown = sorted(fields - _PATH_FIELDS)
     if unknown:
+        shown = [name for name in unknown if _SHOWN_NAME.fullmatch(name)]
         raise _Invalid(
             "path",
-            f"unknown placeholder(s) {unknown} in the path; use {{partition}}, "
-            "{start:FORMAT} or {end:FORMAT}",
+            f"unknown placeholder(s) {shown if len(shown) == len(unknown) else ''} in the "
+            "path; use {partition}, {start:FORMAT} or {end:FORMAT}",
         )
 
 
@@ -189,7 +195,13 @@ class IncrementalConfig(_Model, kw_only=True, frozen=True):
     max_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
     def __post_init__(self) -> None:
-        msgspec.structs.force_setattr(self, "start", _utc(self.start))
+        try:
+            start = _utc(self.start)
+        except OverflowError:  # 9999-12-31T23:00:00-05:00 is in year 10000 in UTC
+            raise _Invalid(
+                "start", "Input should be a timestamp within the years 1 to 9999 in UTC"
+            ) from None
+        msgspec.structs.force_setattr(self, "start", start)
 
 
 class CustomAuditConfig(_Model, kw_only=True, frozen=True):
@@ -361,15 +373,11 @@ class RestTargetConfig(_Model, kw_only=True, frozen=True):
                 msgspec.structs.force_setattr(self, "url", _receiver_url(self.url))
             except ValueError as exc:
                 raise _Invalid("url", str(exc)) from None
-        if self.credential is not None:
-            import re
-
-            if not re.match(_CREDENTIAL_REF, self.credential):
-                raise _Invalid(
-                    "credential",
-                    "the credential must be a reference, env:NAME or file:PATH, never the "
-                    "token itself",
-                )
+        if self.credential is not None and not re.match(_CREDENTIAL_REF, self.credential):
+            raise _Invalid(
+                "credential",
+                "the credential must be a reference, env:NAME or file:PATH, never the token itself",
+            )
         _one_url(self.url, self.url_env)
         if self.submit_lease_seconds <= self.request_timeout_seconds:
             raise ValueError(
@@ -461,8 +469,12 @@ class PublicationConfig(_Model, kw_only=True, frozen=True):
 
             try:
                 canonical = parse_interval(self.interval).canonical()
-            except ConfigInvalid as exc:
-                raise _Invalid("interval", exc.message) from None
+            except (ConfigInvalid, ValueError, OverflowError):
+                raise _Invalid(
+                    "interval",
+                    "Input should be START/END, ISO 8601 dates or times with START before END",
+                    "write e.g. 2026-11-01/2026-11-02 or leave it out for --interval",
+                ) from None
             msgspec.structs.force_setattr(self, "interval", canonical)
         store = _part(self.store, "store", _STORES, "store kind")
         msgspec.structs.force_setattr(self, "store", store)
@@ -632,10 +644,11 @@ class Workload(_Model, kw_only=True, frozen=True):
         if self.journal_env is not None:
             value = env.get(self.journal_env)
             if not value:
+                name = self.journal_env
                 raise ConfigInvalid(
-                    f"journal_env names {self.journal_env}, which is not set",
+                    f"journal_env names {shown_variable(name)}, which is not set",
                     field="journal_env",
-                    hint=f"export {self.journal_env}=sqlite:///path/to/journal.db",
+                    hint=f"export {shown_variable(name, 'NAME')}=sqlite:///path/to/journal.db",
                 )
             return value
         return env.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
@@ -663,8 +676,8 @@ class Workload(_Model, kw_only=True, frozen=True):
                 return _receiver_url(url)
             except ValueError as exc:
                 raise ConfigInvalid(
-                    f"target.url_env names {target.url_env}, whose value is not a receiver "
-                    f"URL: {exc}",
+                    f"target.url_env names {shown_variable(target.url_env)}, whose value is not a "
+                    f"receiver URL: {exc}",
                     field="target.url_env",
                     hint="export the receiver's base URL, e.g. https://bulk.example.com/api",
                 ) from None
@@ -681,11 +694,16 @@ def _url_of(
     value = env.get(name)
     if not value:
         raise ConfigInvalid(
-            f"{section}.url_env names {name}, which is not set",
+            f"{section}.url_env names {shown_variable(name)}, which is not set",
             field=f"{section}.url_env",
-            hint=f"export {name}=<{what}>",
+            hint=f"export {shown_variable(name, 'NAME')}=<{what}>",
         )
     return value
+
+
+def shown_variable(name: str, otherwise: str = "a variable") -> str:
+    """The variable ``name`` in a message, unless it is no plain name (a pasted secret?)."""
+    return name if _SHOWN_NAME.fullmatch(name) else otherwise
 
 
 def resolve_file_url(url: str, *, scheme: str, base_dir: Path, field: str) -> Path:
@@ -740,7 +758,10 @@ _S = TypeVar("_S", bound=msgspec.Struct)
 def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str) -> _S:
     """Validate the section ``value`` against the class its ``kind`` names."""
     if isinstance(value, msgspec.Struct):  # already validated (replace() of a Workload)
-        return value  # type: ignore[return-value]
+        kind = getattr(value, "kind", None)
+        if isinstance(kind, str) and type(value) is classes.get(kind):
+            return value
+        raise _Invalid(field, f"Expected a {what}'s section, got a {type(value).__name__}")
     if not isinstance(value, dict):
         raise _Invalid(field, f"Expected a mapping with a kind, got {_type_name(value)}")
     if "kind" not in value:
@@ -749,7 +770,7 @@ def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str)
     if cls is None:
         raise _Invalid(
             f"{field}.kind",
-            f"{value['kind']!r} is not a {what}",
+            f"Input is not a {what}",
             "use one of: " + ", ".join(repr(k) for k in classes),
         )
     try:
@@ -761,6 +782,8 @@ def _part(value: object, field: str, classes: Mapping[str, type[_S]], what: str)
 
 def _target(value: object) -> msgspec.Struct:
     """A built-in target's section, or a third-party connector's (kind and options)."""
+    if isinstance(value, PluginTargetConfig) and value.kind not in _BUILTIN_TARGETS:
+        return value  # already validated (replace() of a Workload)
     kind = value.get("kind") if isinstance(value, dict) else None
     if not isinstance(value, dict) or kind in _BUILTIN_TARGETS or "kind" not in value:
         return _part(value, "target", _TARGETS, "target kind")
@@ -770,7 +793,7 @@ def _target(value: object) -> msgspec.Struct:
     if kind not in installed:
         raise _Invalid(
             "target.kind",
-            f"unknown target kind {kind!r}: built-in kinds are "
+            "Input is not a target kind: built-in kinds are "
             f"{', '.join(_BUILTIN_TARGETS)}; installed connector packages provide "
             f"{', '.join(installed) or 'none'}",
         )
@@ -807,10 +830,19 @@ _BOUND_WORDS = {
 }
 
 
-def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
-    """The field path, message and fix of msgspec's (first) error, in the file's terms."""
-    import re
+def _unknown_field(parts: list[str], name: str) -> tuple[list[str], str, str]:
+    """The error of the unknown field ``name``, shown only if it reads as a field's name."""
+    if _SHOWN_NAME.fullmatch(name.strip()):  # "strategy " too, as pydantic showed it
+        return [*parts, name], "Extra inputs are not permitted", _EXTRA_FIX
+    return parts, "an unknown field: Extra inputs are not permitted", _EXTRA_FIX
 
+
+def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
+    """The field path, message and fix of msgspec's (first) error, in the file's terms.
+
+    No value of the file is repeated (a secret may sit in the wrong field); the allowed
+    values are listed instead.
+    """
     text = str(error)
     found = re.fullmatch(r"(?s)(.*?)(?: - at (`key` in )?`\$([^`]*)`)?", text)
     message, key, path = found.groups() if found else (text, None, "")
@@ -822,9 +854,8 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
     if isinstance(cause, _Invalid):
         return parts + [p for p in cause.field.split(".") if p], cause.message, cause.fix
     fix = ""
-    if named := re.fullmatch(r"Object contains unknown field `(.+)`", message):
-        parts.append(named[1])
-        message, fix = "Extra inputs are not permitted", _EXTRA_FIX
+    if named := re.fullmatch(r"(?s)Object contains unknown field `(.+)`", message):
+        parts, message, fix = _unknown_field(parts, named[1])
     elif named := re.fullmatch(r"Object missing required field `(.+)`", message):
         parts.append(named[1])
         message, fix = "Field required", "add it"
@@ -846,8 +877,8 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
         message = f"String should have {'at least' if length[1] == '>=' else 'at most'} {count}"
     elif pattern := re.fullmatch(r"Expected `str` matching regex (.+)", message):
         message = f"String should match pattern {pattern[1]}"
-    elif value := re.fullmatch(r"Invalid enum value (.+)", message):
-        message = f"Input {value[1]} is not allowed"
+    elif message.startswith("Invalid enum value "):  # never echoed: it may be a secret
+        message = "Input is not one of the allowed values"
         if field in _CHOICES:
             fix = "use one of: " + ", ".join(repr(c) for c in _CHOICES[field])
     if key:
@@ -855,21 +886,34 @@ def _explain(error: msgspec.ValidationError) -> tuple[list[str], str, str]:
     return parts, message, fix
 
 
+#: the fields of a workload file
+_FILE_FIELDS = frozenset(Workload.__struct_fields__) - {"base_dir"}
+
+
 def _lenient(data: dict[str, Any]) -> dict[str, Any]:
     """What the file means before it is checked: defaults by section, spaces stripped.
 
     A publication workload needs no target or load (its target is the store) and a rest
-    target's load is an append. Surrounding spaces are stripped from every string, but a
-    third-party connector's options go to it as written. ``incremental.start`` may be a
-    date or any ISO 8601 timestamp, as YAML authors write it.
+    target's load is an append. Surrounding spaces are stripped from every string value
+    and from the names in ``columns`` and ``source_hashes``, never from a field's name
+    (``"strategy "`` is an unknown field, as before), and a third-party connector's
+    options go to it as written. ``incremental.start`` may be a date or any ISO 8601
+    timestamp, as YAML authors write it. An unknown top-level field is refused before
+    its value is read (:class:`_Copy` bounds what the others may expand to).
     """
+    for name in data:
+        if isinstance(name, str) and name not in _FILE_FIELDS:
+            parts, message, fix = _unknown_field([], name)
+            raise _Invalid(".".join(parts), message, fix)
     if data.get("publication") is not None:
         data = {"target": {"kind": "publication"}, "load": {"strategy": "replace"}, **data}
     target = data.get("target")
-    if isinstance(target, dict) and target.get("kind") == "rest" and "load" not in data:
+    kind = _stripped(target.get("kind")) if isinstance(target, dict) else None
+    if kind == "rest" and "load" not in data:
         data = {**data, "load": {"strategy": "append"}}  # a receiver job appends
-    plugin = isinstance(target, dict) and _stripped(target.get("kind")) not in _BUILTIN_TARGETS
-    data = {k: (v if k == "target" and plugin else _stripped(v)) for k, v in data.items()}
+    plugin = isinstance(target, dict) and kind not in _BUILTIN_TARGETS
+    copy = _Copy()
+    data = {k: copy(v, (k,), strip=not (k == "target" and plugin)) for k, v in data.items()}
     incremental = data.get("incremental")
     if isinstance(incremental, dict) and "start" in incremental:
         data["incremental"] = {**incremental, "start": _timestamp(incremental["start"])}
@@ -877,13 +921,82 @@ def _lenient(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stripped(value: object) -> object:
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, dict):
-        return {_stripped(k): _stripped(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_stripped(v) for v in value]
-    return value
+    return value.strip() if isinstance(value, str) else value
+
+
+#: the mappings whose keys are names the file chooses, stripped like values (as before)
+_FREE_MAPPINGS = frozenset({("source", "columns"), ("publication", "source_hashes")})
+#: what a file may expand to: YAML aliases can repeat a value (exponentially, in a
+#: "billion laughs") or put a mapping inside itself; past these bounds it is refused
+_MAX_DEPTH = 32
+_MAX_VALUES = 100_000
+
+
+class _Copy:
+    """Copies a file's values (strings stripped), refusing more than a workload needs.
+
+    Text UTF-8 cannot encode (a lone surrogate, which YAML's "\\ud800" writes) is refused
+    too, and so is a set (``!!set``): the operation identity digests the values as UTF-8,
+    in an order that must not change from run to run.
+    """
+
+    def __init__(self) -> None:
+        self.left = _MAX_VALUES
+
+    def __call__(self, value: object, path: tuple[str, ...], *, strip: bool = True) -> object:
+        """``value``, found at ``path``; ``strip`` strips its strings."""
+        self.left -= 1
+        if self.left < 0 or len(path) > _MAX_DEPTH:
+            raise _Invalid(
+                _where(path[:3]),
+                f"the values nest more than {_MAX_DEPTH} deep or number more than "
+                f"{_MAX_VALUES} (a YAML alias inside itself, or repeated aliases?)",
+                "write the section out without aliases",
+            )
+        if isinstance(value, str):
+            _encodable(value, path)
+            return value.strip() if strip else value
+        if isinstance(value, list):
+            return [self(v, (*path, str(i)), strip=strip) for i, v in enumerate(value)]
+        if isinstance(value, set | frozenset):  # its order, so the identity, varies by run
+            raise _Invalid(
+                _where(path), "Input should be a list: a YAML !!set has no order", "write [a, b]"
+            )
+        if not isinstance(value, dict):
+            return value
+        for key in value:
+            if isinstance(key, str):
+                _encodable(key, path)
+        if path not in _FREE_MAPPINGS or not strip:
+            return {k: self(v, (*path, str(k)), strip=strip) for k, v in value.items()}
+        names = {k: _stripped(k) for k in value}
+        if len(set(names.values())) != len(names):
+            raise _Invalid(
+                _where(path), "a name is given twice once its surrounding spaces are stripped"
+            )
+        return {names[k]: self(v, (*path, str(k))) for k, v in value.items()}
+
+
+def _encodable(text: str, path: tuple[str, ...]) -> None:
+    """Refuse ``text`` (found at ``path``) if UTF-8 cannot encode it: identities digest it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Invalid(
+            _where(path),
+            "Input should be text UTF-8 can encode: it has a lone surrogate (e.g. \\ud800)",
+            "write the character itself or remove it",
+        ) from None
+
+
+def _where(path: tuple[str, ...]) -> str:
+    """``path`` as a field name, up to its first part that is no plain name or number."""
+    shown: list[str] = []
+    for part in path:
+        if not (_SHOWN_NAME.fullmatch(part) or part.isdigit()):
+            break
+        shown.append(part)
+    return ".".join(shown)
 
 
 def _timestamp(value: object) -> object:
@@ -910,13 +1023,15 @@ def parse_workload(data: Any, *, base_dir: Path) -> Workload:
         return msgspec.convert({**_lenient(data), "base_dir": base_dir}, Workload, strict=False)
     except msgspec.ValidationError as exc:
         parts, message, fix = _explain(exc)
-        where = ".".join(parts)
-        raise ConfigInvalid(
-            f"workload file is invalid:\n  {where or '(top level)'}: {message}"
-            + (f" -> {fix}" if fix else ""),
-            field=where or "workload",
-            hint="fix the field named above; see the README for a complete workload file",
-        ) from None
+    except _Invalid as exc:  # found before validation (_lenient)
+        parts, message, fix = [exc.field], exc.message, exc.fix
+    where = ".".join(p for p in parts if p)
+    raise ConfigInvalid(
+        f"workload file is invalid:\n  {where or '(top level)'}: {message}"
+        + (f" -> {fix}" if fix else ""),
+        field=where or "workload",
+        hint="fix the field named above; see the README for a complete workload file",
+    )
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -945,6 +1060,13 @@ def load_workload(path: str | Path) -> Workload:
             f"workload file {file} is not valid YAML{where}",
             field="workload",
             hint="check indentation and quoting",
+        ) from None
+    except (RecursionError, ValueError):  # nested too deeply, an integer of 5000 digits
+        raise ConfigInvalid(
+            f"workload file {file} is not a workload's YAML (nested too deeply or a number "
+            "too long)",
+            field="workload",
+            hint="start from the README's workload example",
         ) from None
     return parse_workload(data, base_dir=file.resolve().parent)
 
