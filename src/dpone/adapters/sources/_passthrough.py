@@ -69,22 +69,32 @@ class _Checker:
         # searched for when their first byte occurs at all.
         if b"\x00" in chunk:
             raise RawCsvRefused("NUL byte")
-        window = self._tail + chunk
-        if b"\\" in window and _END_OF_DATA.search(window):
+        # Every pattern is at most 3 bytes: one that crosses the border lies in ``edge``
+        # (the last two bytes before the chunk and its first two), so the chunk itself
+        # is searched as it is, never copied behind the tail.
+        edge = self._tail + chunk[:2]
+        if (b"\\" in chunk or b"\\" in edge) and (
+            _END_OF_DATA.search(chunk) or _END_OF_DATA.search(edge)
+        ):
             raise RawCsvRefused("end-of-data marker")
-        if b"\r" in window:
+        if b"\r" in chunk or b"\r" in edge:
             # A CR ending a chunk is decided with the next chunk's first byte (the tail).
-            if not self._crlf or _LONE_CR.search(window) or (final and window.endswith(b"\r")):
+            if (
+                not self._crlf
+                or _LONE_CR.search(chunk)
+                or _LONE_CR.search(edge)
+                or (final and chunk.endswith(b"\r"))
+            ):
                 raise RawCsvRefused("carriage return")
-            if _BLANK_LINE_CRLF.search(window):
+            if _BLANK_LINE_CRLF.search(chunk) or _BLANK_LINE_CRLF.search(edge):
                 raise RawCsvRefused("blank line")
-        elif _BLANK_LINE.search(window):
+        elif _BLANK_LINE.search(chunk) or _BLANK_LINE.search(edge):
             raise RawCsvRefused("blank line")
         newlines = chunk.count(b"\n")
         if b'"' in chunk:
             newlines -= self._quotes(chunk)
         self.newlines += newlines
-        self._tail = window[-2:]
+        self._tail = (self._tail + chunk[-2:])[-2:]
         if chunk:
             self._last = chunk[-1:]
         if final and self._odd:
