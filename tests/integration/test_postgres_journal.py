@@ -724,6 +724,22 @@ def test_one_session_ledger_writes_skip_the_flush_for_themselves_only(
         assert journal.get(entry.operation_id) == entry
 
 
+def test_one_session_has_the_journal_bounds_with_or_without_a_journal_before(
+    pg_available: str, pg_schema: str
+) -> None:
+    """The bounds are set with the version read; a missing journal's failed read loses none."""
+    for _ in ("fresh schema", "migrated schema"):
+        with PostgresCommitJournal(
+            pg_available, schema=pg_schema, pooled=False, lock_timeout_s=0.75
+        ) as journal:
+            create(journal)
+            assert journal._session is not None
+            row = journal._session.execute(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+            ).fetchone()
+            assert row == ("750ms", "30750ms")
+
+
 def test_one_session_is_the_only_connection(
     pg_available: str, pg_schema: str, admin: psycopg.Connection[Any]
 ) -> None:

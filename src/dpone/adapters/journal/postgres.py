@@ -1920,9 +1920,8 @@ class PostgresCommitJournal:
         try:
             conn = psycopg.connect(self._dsn, **self._connect_kwargs)
             try:
-                self._configure(conn)
                 self._server = _info_locator(conn.info)
-                applied = self._migrate_on(conn)
+                applied = self._migrate_on(conn, self._configure_reading_version(conn))
             except BaseException:
                 conn.close()
                 raise
@@ -1935,8 +1934,21 @@ class PostgresCommitJournal:
             conn.close()
         return applied
 
-    def _migrate_on(self, conn: _Conn) -> list[int]:
-        installed = self._installed_version(conn, missing_ok=True)
+    def _configure_reading_version(self, conn: _Conn) -> int:
+        """``_configure`` and the installed version in one round trip (0: no journal yet)."""
+        try:
+            row = conn.execute(
+                f"SELECT ({self._sql.installed_version}), "
+                "set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                self._settings,
+            ).fetchone()
+        except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
+            # no journal yet; the failed statement's settings rolled back with it
+            self._configure(conn)
+            return 0
+        return self._checked_version(row)
+
+    def _migrate_on(self, conn: _Conn, installed: int) -> list[int]:
         if installed == SCHEMA_VERSION:
             return []  # the usual case: one read, no lock
         if self._read_only and installed >= _READ_ONLY_OLDEST:
@@ -1973,6 +1985,9 @@ class PostgresCommitJournal:
             if not missing_ok:
                 raise
             return 0  # autocommit: the failed read leaves nothing to roll back
+        return self._checked_version(row)
+
+    def _checked_version(self, row: tuple[Any, ...] | None) -> int:
         version = int(row[0]) if row is not None else 0
         if version > SCHEMA_VERSION:
             raise ConfigInvalid(
