@@ -536,7 +536,12 @@ _TABLE_INFO = (
     "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE n.nspname = %s AND c.relname = %s"
 )
-_SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)"
+# The table's row (all NULL when there is none) and whether its schema exists: one round
+# trip where a missing table used to cost a second one for its schema.
+_TABLE_OR_SCHEMA = (
+    "SELECT t.*, EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s) "
+    f"FROM (SELECT 1) AS one LEFT JOIN LATERAL ({_TABLE_INFO}) AS t ON true"
+)
 # Key columns of every unique index ON CONFLICT can infer: valid, immediate, not partial,
 # no expressions (INCLUDE columns are not key columns).
 _UNIQUE_KEYS = (
@@ -593,14 +598,19 @@ def _check_table(cur: psycopg.Cursor[Any], info: _TableInfo, plan: _Plan, raw: s
             )
 
 
-def _require_schema(cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> None:
-    row = cur.execute(_SCHEMA_EXISTS, (plan.table.schema,)).fetchone()
-    if not (row and row[0]):
+def _existing_table(cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> _TableInfo | None:
+    """The table's info, or None when it is absent; refuse a schema that does not exist."""
+    table = plan.table
+    row = cur.execute(_TABLE_OR_SCHEMA, (table.schema, table.schema, table.name)).fetchone()
+    if row is not None and row[0] is not None:
+        return _TableInfo(oid=int(row[0]), kind=str(row[1]), columns=frozenset(row[2]))
+    if not (row and row[3]):
         raise ConfigInvalid(
             f"the schema of table {raw!r} does not exist in the target database",
             field="table",
             hint=f"CREATE SCHEMA {plan.table.schema}, or name a table in an existing schema",
         )
+    return None
 
 
 def _create_table(plan: _Plan) -> sql.Composed:
@@ -1024,10 +1034,8 @@ class PostgresConnector:
         if _verified_key(plan) in self._verified:
             return
         with self._session(action="check_plan", operation_id=None) as conn, conn.cursor() as cur:
-            info = _table_info(cur, checked.table)
-            if info is None:
-                _require_schema(cur, checked, plan.table)
-            else:
+            info = _existing_table(cur, checked, plan.table)
+            if info is not None:
                 _check_table(cur, info, checked, plan.table)
                 self._verified.add(_verified_key(plan))
 
@@ -1263,9 +1271,8 @@ class PostgresConnector:
 
     def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> bool:
         """Create the table or check it; True when it existed before this transaction."""
-        info = _table_info(cur, plan.table)
+        info = _existing_table(cur, plan, raw)
         if info is None:
-            _require_schema(cur, plan, raw)
             # Serialize first loads of one table; the loser then sees the winner's table.
             cur.execute(
                 "SELECT pg_advisory_xact_lock(%s)", (_advisory_key("table", plan.table.normalized),)
