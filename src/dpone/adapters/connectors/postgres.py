@@ -441,6 +441,7 @@ def _observation(row: _FenceRow | None) -> FenceObservation:
 class _Statements:
     """The fence statements of one connector, composed once with its quoted schema."""
 
+    connect: sql.Composed
     fence_exists: sql.Composed
     create_fence: sql.Composed
     select: sql.Composed
@@ -455,14 +456,16 @@ class _Statements:
     def build(cls, schema: str) -> _Statements:
         fence = sql.Identifier(schema, FENCE_TABLE)
         columns = sql.SQL("state, epoch, intent_digest, row_count, content_digest")
+        qualified = sql.Literal(fence.as_string(None))
         return cls(
+            connect=sql.SQL(
+                "SELECT set_config('lock_timeout', %s, false) || "
+                "set_config('TimeZone', 'UTC', false), to_regclass({qualified}) IS NOT NULL"
+            ).format(qualified=qualified),
             fence_exists=sql.SQL(
                 "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = {schema}), "
                 "to_regclass({qualified}) IS NOT NULL"
-            ).format(
-                schema=sql.Literal(schema),
-                qualified=sql.Literal(fence.as_string(None)),
-            ),
+            ).format(schema=sql.Literal(schema), qualified=qualified),
             create_fence=sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {fence} ("
                 "operation_id text PRIMARY KEY, "
@@ -917,15 +920,17 @@ class PostgresConnector:
             # READ COMMITTED explicitly: FOR UPDATE then sees the version a waited-for
             # writer committed (stricter levels would fail with a serialization error).
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            # UTC: a timestamp without zone in the rows means UTC, as on SQLite.
-            conn.execute(
-                "SELECT set_config('lock_timeout', %s, false), "
-                "set_config('TimeZone', 'UTC', false)",
+            # UTC: a timestamp without zone in the rows means UTC, as on SQLite. The same
+            # round trip asks whether the fence table exists (the next call needs to know).
+            row = conn.execute(
+                self._sql.connect,
                 (f"{max(1, round(self._lock_timeout_s * 1000))}ms",),
-            )
+            ).fetchone()
         except BaseException:
             conn.close()
             raise
+        if row is not None and row[1]:
+            self._fence_ready = True
         return conn
 
     @contextmanager
