@@ -532,7 +532,8 @@ def test_dpone_run_into_postgres_builds_no_pool(
     )
     assert done.returncode == 0, done.stderr
     result, modules = done.stdout.splitlines()
-    assert result.startswith("COMPLETE ") and "mode=atomic" in result
+    assert result.startswith("COMPLETE ")
+    assert "mode=atomic" in result
     loaded = set(json.loads(modules))
     assert "dpone.adapters.journal.postgres" in loaded
     assert "psycopg_pool" not in loaded

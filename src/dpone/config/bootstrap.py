@@ -152,9 +152,7 @@ def open_journal(
         postgres = _adapter_module("journal.postgres", extra="postgres", role="journal")
         return cast(
             CommitJournalPort,
-            postgres.PostgresCommitJournal(
-                url, schema=schema, read_only=read_only, pooled=pooled
-            ),
+            postgres.PostgresCommitJournal(url, schema=schema, read_only=read_only, pooled=pooled),
         )
     raise ConfigInvalid(
         f"{field_name} URL scheme is not supported",

@@ -1756,7 +1756,7 @@ class PostgresCommitJournal:
             if not self._ready:
                 self._migrate()
             if self._pool is None:
-                from psycopg_pool import ConnectionPool  # noqa: PLC0415 - not for pooled=False
+                from psycopg_pool import ConnectionPool  # lazily: a one-shot run never pools
 
                 self._pool = ConnectionPool(
                     self._dsn,
@@ -1783,7 +1783,7 @@ class PostgresCommitJournal:
             if self._ledger_pool is None or self._ledger_pid != os.getpid():
                 if self._ledger_pool is not None:
                     self._inherited.append(self._ledger_pool)
-                from psycopg_pool import ConnectionPool  # noqa: PLC0415 - not for pooled=False
+                from psycopg_pool import ConnectionPool  # lazily: a one-shot run never pools
 
                 self._ledger_pool = ConnectionPool(
                     self._dsn,
