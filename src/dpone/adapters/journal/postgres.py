@@ -494,7 +494,8 @@ class PostgresCommitJournal:
     ``fork`` the child opens its own pool and never touches the parent's connections.
     With ``pooled=False`` (one operation in a process: ``dpone run``) the migration's
     connection stays open as the journal's one session, shared by threads one call at a
-    time, and ``psycopg_pool`` is never imported.
+    time (a run ledger write there takes a second round trip: ``_run_on_session``), and
+    ``psycopg_pool`` is never imported.
     Times are stored as ``timestamptz`` and handed out as float epoch seconds; metadata,
     results and evidence as ``jsonb``.
 
