@@ -60,10 +60,16 @@ class Runner:
     Args:
         workload: a workload file path or an already loaded :class:`Workload`.
         environ: environment to resolve ``*_env`` references from (default ``os.environ``).
+        pooled: False when this Runner runs one operation: a PostgreSQL journal then
+            keeps one session instead of connection pools (``run_operation`` does).
     """
 
     def __init__(
-        self, workload: Workload | str | Path, *, environ: Mapping[str, str] | None = None
+        self,
+        workload: Workload | str | Path,
+        *,
+        environ: Mapping[str, str] | None = None,
+        pooled: bool = True,
     ) -> None:
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload)
         configure_failpoints(environ)
@@ -75,7 +81,7 @@ class Runner:
 
             self._rest = open_rest_route(self.workload, environ=environ)
         else:
-            self._relational = build_route(self.workload, environ=environ)
+            self._relational = build_route(self.workload, environ=environ, pooled=pooled)
 
     @property
     def _route(self) -> Route:
@@ -305,7 +311,7 @@ def run_operation(
     provenance: Provenance | None = None,
 ) -> OperationResult:
     """Run (or resume, or replay) one operation of ``workload``; see :meth:`Runner.run`."""
-    with Runner(workload, environ=environ) as runner:
+    with Runner(workload, environ=environ, pooled=False) as runner:
         return runner.run(
             interval=interval,
             partition=partition,

@@ -56,3 +56,13 @@ def test_postgres_journal_is_a_transactional_port(pg_available: str, pg_schema: 
         assert not journal.shares_database_with("sqlite:/tmp/journal.db")
     finally:
         journal.close()
+
+
+class TestPostgresJournalOneSession(TestPostgresJournal):
+    """PostgresCommitJournal with pooled=False (``dpone run``): the same suite on one session."""
+
+    @pytest.fixture
+    def journal(self, pg_available: str, pg_schema: str) -> Iterator[CommitJournalPort]:
+        journal = PostgresCommitJournal(pg_available, schema=pg_schema, pooled=False)
+        yield journal
+        journal.close()

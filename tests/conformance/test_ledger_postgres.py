@@ -19,3 +19,13 @@ class TestPostgresLedger(LedgerConformance):
         journal = PostgresCommitJournal(pg_available, schema=pg_schema)
         yield journal
         journal.close()
+
+
+class TestPostgresLedgerOneSession(TestPostgresLedger):
+    """The run ledger on the journal's one session (pooled=False, ``dpone run``)."""
+
+    @pytest.fixture
+    def ledger(self, pg_available: str, pg_schema: str) -> Iterator[RunLedgerPort]:
+        journal = PostgresCommitJournal(pg_available, schema=pg_schema, pooled=False)
+        yield journal
+        journal.close()

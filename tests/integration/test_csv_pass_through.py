@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from itertools import count
 from pathlib import Path
@@ -550,20 +551,99 @@ def test_duckdb_checks_without_hashing_a_file_its_identity_hash_vouches_for(
     assert counting.started == (0 if settled else 2)
 
 
-def test_a_stream_into_a_server_always_hashes_the_bytes_it_hands_out(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("settled", [True, False])
+def test_pg_streams_a_vouched_file_without_hashing_it(
+    pg: tuple[str, str],
+    tmp_path: Path,
+    passed: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    settled: bool,
 ) -> None:
-    """PostgreSQL gets the chunks themselves: they are hashed even for a vouched file."""
+    """The identity was hashed from this file, settled, with the stat it still has."""
+    if settled:
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    counting = _CountingSha256()
+    monkeypatch.setattr(_passthrough, "hashlib", counting)
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    connector = _pg_connector(pg, "t")
+    try:
+        assert _mutate(connector, path, _plan(f"{pg[1]}.t"), raw=True)[:2] == (2, 2)
+    finally:
+        connector.close()
+    assert passed == [2]
+    assert _pg_rows(pg, "t") == [(1, "a", 1.0, "b"), (2, "x", 2.0, "y")]
+    # settled: the stat after the last read proves the bytes; racy: they are hashed
+    assert counting.started == (0 if settled else 1)
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_pg_a_file_overwritten_in_place_while_it_streams_never_commits(
+    pg: tuple[str, str],
+    tmp_path: Path,
+    passed: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    settled: bool,
+) -> None:
+    """Same size, same inode, new bytes after the first chunk: settled (no hash) or racy."""
+    if settled:  # the identity is vouched for: only the stat after the last read can tell
+        monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    counting = _CountingSha256()
+    monkeypatch.setattr(_passthrough, "hashlib", counting)
+    monkeypatch.setattr(_passthrough, "CHUNK_SIZE", 24)  # several chunks, the header in the first
+    rows = "".join(f"{n},n{n},{n},w\n" for n in range(1, 11))  # read after the overwrite
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n" + rows)
+    check = _passthrough._Checker.check
+    calls = count()
+
+    def check_then_overwrite(self: Any, chunk: bytes, *, final: bool) -> None:
+        check(self, chunk, final=final)
+        if next(calls) == 0:  # after the first chunk was read (and the second)
+            # a settled file's next write is stamped in a later clock tick than its last
+            time.sleep(0.05)
+            with path.open("r+b") as handle:
+                handle.seek(-2, 2)
+                handle.write(b"Z\n")
+
+    monkeypatch.setattr(_passthrough._Checker, "check", check_then_overwrite)
+    connector = _pg_connector(pg, "t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan(f"{pg[1]}.t"), raw=True)
+    finally:
+        connector.close()
+    assert passed == []
+    assert counting.started == (0 if settled else 1)
+    dsn, schema = pg
+    with psycopg.connect(dsn) as conn:
+        fence = conn.execute(f'SELECT state FROM "{schema}".dpone_fence').fetchall()
+        table = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = 't'", (schema,)
+        ).fetchone()
+    assert fence == []  # nothing committed: no fence, no table
+    assert table == (0,)
+
+
+def test_pg_a_file_changed_after_its_vouched_identity_never_commits(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written after its identity was vouched for: the stream's open sees another stat."""
     monkeypatch.setattr(_prefetch, "RACY_NS", 0)
     counting = _CountingSha256()
     monkeypatch.setattr(_passthrough, "hashlib", counting)
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n")
-    source = CsvSource(path, columns=TYPES)
-    raw = source.raw_csv(source.snapshot_identity())
-    assert raw is not None
+    identity = CsvSource(path, columns=TYPES).snapshot_identity()
     assert _prefetch._VOUCHED != {}
-    assert b"".join(raw.chunks(crlf=True)) == path.read_bytes()
-    assert counting.started == 1
+    with path.open("r+b") as handle:  # same size, same inode, other bytes
+        handle.seek(-2, 2)
+        handle.write(b"B\n")
+    connector = _pg_connector(pg, "t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan(f"{pg[1]}.t"), raw=True, identity=identity)
+    finally:
+        connector.close()
+    assert passed == []
+    assert counting.started == 1  # not vouched at the stream's open: hashed, and refused
 
 
 def test_duckdb_a_value_duckdb_refuses_is_reported_as_by_the_rows_path(

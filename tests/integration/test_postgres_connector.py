@@ -894,3 +894,19 @@ def test_a_lost_connection_is_unavailable_once_then_reconnects(target: Target) -
         assert connector.observe(operation_id=op).status is FenceStatus.PREPARED
     finally:
         connector.close()
+
+
+def test_a_table_in_a_missing_schema_is_refused_and_a_new_one_created(target: Target) -> None:
+    """check_plan and mutate read the table and its schema in one statement: both answers."""
+    missing = target.connector(table="no_such_schema_x.items")
+    plan = target.plan(table="no_such_schema_x.items")
+    with pytest.raises(ConfigInvalid, match="schema of table"):
+        missing.check_plan(plan)
+    with pytest.raises(ConfigInvalid, match="schema of table"):
+        _load(missing, [[(1, "a", 1.0)]], plan)
+    fresh = target.connector(table=f"{target.schema}.fresh")
+    new_plan = target.plan(table=f"{target.schema}.fresh")
+    fresh.check_plan(new_plan)  # absent from an existing schema: fine, mutate creates it
+    _, report = _load(fresh, [[(1, "a", 1.0)]], new_plan)
+    assert report.row_count == 1
+    assert target.query("SELECT count(*) FROM fresh") == [(1,)]

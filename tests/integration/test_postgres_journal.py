@@ -659,13 +659,14 @@ def test_locked_row_is_journal_unavailable_after_lock_timeout(
         assert journal.get(entry.operation_id) == entry  # nothing decided, the pool is fine
 
 
+@pytest.mark.parametrize("pooled", [True, False], ids=["pool", "one-session"])
 def test_terminated_pooled_connection_is_replaced(
-    pg_available: str, pg_schema: str, admin: psycopg.Connection[Any]
+    pg_available: str, pg_schema: str, admin: psycopg.Connection[Any], pooled: bool
 ) -> None:
-    """Pooled sessions killed server-side: a read repeats on a fresh one; a CAS is never resent."""
+    """Sessions killed server-side: a read repeats on a fresh one; a CAS is never resent."""
     app = f"dpone-test-{uuid.uuid4().hex[:8]}"
     dsn = psycopg.conninfo.make_conninfo(pg_available, application_name=app)
-    with PostgresCommitJournal(dsn, schema=pg_schema) as journal:
+    with PostgresCommitJournal(dsn, schema=pg_schema, pooled=pooled) as journal:
         entry = leased(journal)
 
         def kill() -> int:
@@ -700,6 +701,105 @@ def test_terminated_pooled_connection_is_replaced(
             actor=ACTOR,
         )
         assert moved.version == entry.version + 1
+
+
+def test_one_session_ledger_writes_skip_the_flush_for_themselves_only(
+    pg_available: str, pg_schema: str
+) -> None:
+    """pooled=False: a ledger write commits asynchronously; the session's journal writes do not."""
+    with PostgresCommitJournal(pg_available, schema=pg_schema, pooled=False) as journal:
+        entry = create(journal)
+
+        def setting(conn: psycopg.Connection[Any]) -> str:
+            row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+            assert row is not None
+            return str(row[0])
+
+        assert journal._run_on_session("probe", setting, repeatable=True, ledger=True) == "off"
+        assert journal._run_on_session("probe", setting, repeatable=True, ledger=False) == "on"
+        run, _ = journal.find_run(idempotency_key="k", operation_id=entry.operation_id)
+        assert run is None
+        assert journal._session is not None
+        assert setting(journal._session) == "on"  # after ledger writes, still synchronous
+        assert journal.get(entry.operation_id) == entry
+
+
+def test_one_session_has_the_journal_bounds_with_or_without_a_journal_before(
+    pg_available: str, pg_schema: str
+) -> None:
+    """The bounds are set with the version read; a missing journal's failed read loses none."""
+    for _ in ("fresh schema", "migrated schema"):
+        with PostgresCommitJournal(
+            pg_available, schema=pg_schema, pooled=False, lock_timeout_s=0.75
+        ) as journal:
+            create(journal)
+            assert journal._session is not None
+            row = journal._session.execute(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+            ).fetchone()
+            assert row == ("750ms", "30750ms")
+
+
+def test_one_session_is_the_only_connection(
+    pg_available: str, pg_schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    """pooled=False: journal and ledger calls, from several threads, share one backend."""
+    app = f"dpone-test-{uuid.uuid4().hex[:8]}"
+    dsn = psycopg.conninfo.make_conninfo(pg_available, application_name=app)
+    with PostgresCommitJournal(dsn, schema=pg_schema, pooled=False) as journal:
+        entry = leased(journal, ttl=30.0)
+        errors: list[BaseException] = []
+
+        def beat() -> None:
+            try:
+                for _ in range(10):
+                    journal.renew_lease(
+                        operation_id=entry.operation_id,
+                        owner=OWNER_A,
+                        lease_epoch=entry.lease_epoch,
+                        ttl_seconds=30.0,
+                    )
+                    journal.find_run(idempotency_key="k", operation_id=entry.operation_id)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=beat) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == []
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
+        ).fetchone()
+        assert row is not None
+        assert row[0] == 1
+
+
+def test_forked_child_opens_its_own_session(pg_available: str, pg_schema: str) -> None:
+    """pooled=False: a forked child connects anew; the parent's session keeps working."""
+    with PostgresCommitJournal(pg_available, schema=pg_schema, pooled=False) as journal:
+        entry = create(journal)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            code = 1
+            try:
+                child = create(journal)
+                ok = journal.get(entry.operation_id) == entry and child.version == 1
+                os.write(write, json.dumps({"ok": ok, "op": child.operation_id}).encode())
+                journal.close()
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            report = json.loads(pipe.read() or "{}")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert report["ok"] is True
+        assert journal.get(entry.operation_id) == entry  # the child never closed it
+        assert journal.get(report["op"]) is not None
 
 
 def test_closed_journal_is_unavailable(journal: PostgresCommitJournal) -> None:

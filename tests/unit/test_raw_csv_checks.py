@@ -26,6 +26,7 @@ REFUSED = [
     '1,ab"c,1,"d\n2,x,2,y\n',  # a quote opening mid-field
     '1,"a"b"c",1,d\n',  # a quote after a closed section
     "1,a,1,b\n\n2,x,2,y\n",  # a blank line
+    "1\r\n\r\n2,x,2,y\r\n",  # a blank line in CRLF (LF CR LF: borders 1-8 cut it twice)
     "1,a,1,b\n\\.\n",  # end-of-data marker
     "1,a,1,b\r2,x,2,y\n",  # a lone CR
     "1,a,1,b\r",  # a lone CR at the end

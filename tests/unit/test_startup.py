@@ -493,3 +493,47 @@ def test_an_unquiet_run_logs_info_through_the_lazy_loggers() -> None:
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stderr)
     assert (record["message"], record["event"], record["level"]) == ("hello", "e", "info")
+
+
+def test_dpone_run_into_postgres_builds_no_pool(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """A one-shot run keeps one journal session: psycopg_pool (and its threads) never load."""
+    write_orders_csv(tmp_path / "orders.csv", 5)
+    wl = tmp_path / "w.yaml"
+    wl.write_text(
+        f"workload: w\nrelease: r\ndeployment: d\njournal: '{pg_available}'\n"
+        f"journal_schema: {pg_schema}\n"
+        "source: {kind: csv, path: orders.csv, columns: {order_id: integer, customer: text, "
+        "amount: real, ordered_at: timestamp}}\n"
+        f"target: {{kind: postgres, url: '{pg_available}', table: {pg_schema}.t, "
+        f"fence_schema: {pg_schema}}}\n"
+        "load: {strategy: append}\n",
+        encoding="utf-8",
+    )
+    probe = (
+        "import json, sys, threading\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "from dpone.cli.entry import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print(json.dumps(sorted(sys.modules)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result, modules = done.stdout.splitlines()
+    assert result.startswith("COMPLETE ")
+    assert "mode=atomic" in result
+    loaded = set(json.loads(modules))
+    assert "dpone.adapters.journal.postgres" in loaded
+    assert "psycopg_pool" not in loaded

@@ -130,11 +130,13 @@ def open_journal(
     field_name: str = "journal",
     schema: str = "dpone",
     read_only: bool = False,
+    pooled: bool = True,
 ) -> CommitJournalPort:
     """Open the journal a URL names: ``sqlite:///path``, ``postgresql://…`` or ``memory://``.
 
     ``read_only`` is for commands that only look (list, history, inspect, plan): they
-    never create, convert or migrate a journal.
+    never create, convert or migrate a journal. ``pooled=False`` is for a process that
+    runs one operation: a PostgreSQL journal then keeps one session, no pool.
     """
     if url == "memory://":
         from dpone.adapters.journal.memory import InMemoryCommitJournal
@@ -150,7 +152,7 @@ def open_journal(
         postgres = _adapter_module("journal.postgres", extra="postgres", role="journal")
         return cast(
             CommitJournalPort,
-            postgres.PostgresCommitJournal(url, schema=schema, read_only=read_only),
+            postgres.PostgresCommitJournal(url, schema=schema, read_only=read_only, pooled=pooled),
         )
     raise ConfigInvalid(
         f"{field_name} URL scheme is not supported",
@@ -469,15 +471,23 @@ def require_methods(journal: object, methods: tuple[str, ...], message: str, *, 
 
 
 def build_route(
-    workload: Workload, *, environ: Mapping[str, str] | None = None, read_only: bool = False
+    workload: Workload,
+    *,
+    environ: Mapping[str, str] | None = None,
+    read_only: bool = False,
+    pooled: bool = True,
 ) -> Route:
-    """Open the workload's journal and connector; detect atomic mode."""
+    """Open the workload's journal and connector; detect atomic mode.
+
+    ``pooled=False``: the route serves one operation (see :func:`open_journal`).
+    """
     env = os.environ if environ is None else environ
     journal = open_journal(
         workload.journal_url(dict(env)),
         base_dir=workload.base_dir,
         schema=workload.journal_schema,
         read_only=read_only,
+        pooled=pooled,
     )
     try:
         connector = _open_connector(workload, env)

@@ -82,15 +82,16 @@ class RawCsv(Protocol):
         """The header's column names, in file order."""
         ...
 
-    def chunks(self, *, crlf: bool, hash_bytes: bool = True) -> Iterator[bytes]:
-        """Yield the file's bytes (header included), hashing and checking each chunk.
+    def chunks(self, *, crlf: bool, verified_after: bool = False) -> Iterator[bytes]:
+        """Yield the file's bytes (header included), checking each chunk.
 
         Only RFC 4180 records are handed out: a quote opens a field or doubles inside a
         quoted one, no blank line, no NUL, no backslash-dot, no lone CR (and no CR at all
-        unless ``crlf``). Anything else raises ``RawCsvRefused`` before its chunk.
-        ``hash_bytes=False`` is for a target that reads the file itself and calls
-        ``verify_unchanged`` after: the hash may then be skipped when the file's stat
-        vouches for its identity (ADR 0004).
+        unless ``crlf``). Anything else raises ``RawCsvRefused`` before its chunk. Before
+        the last chunk is handed out, the bytes are proven to be the snapshot: by their
+        hash, or by the file's stat when it vouches for the identity (ADR 0004).
+        ``verified_after=True`` is for a target that reads the file itself and calls
+        ``verify_unchanged`` after its read.
 
         Raises:
             RawCsvRefused: see above (nothing about the content changed).

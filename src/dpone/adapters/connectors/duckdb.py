@@ -373,10 +373,10 @@ class _FileCheck:
 
     def _read(self, raw: RawCsv) -> None:
         try:
-            # DuckDB reads the file itself: verify_unchanged() proves it read these bytes,
-            # so a file whose identity this process hashed, unchanged since, is not
-            # hashed again (ADR 0004).
-            for _ in raw.chunks(crlf=True, hash_bytes=False):
+            # DuckDB reads the file itself: verify_unchanged() proves it read these bytes
+            # (a file whose identity this process hashed, unchanged since, is not hashed
+            # again; ADR 0004).
+            for _ in raw.chunks(crlf=True, verified_after=True):
                 pass
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._error = exc

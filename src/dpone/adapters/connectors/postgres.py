@@ -441,6 +441,7 @@ def _observation(row: _FenceRow | None) -> FenceObservation:
 class _Statements:
     """The fence statements of one connector, composed once with its quoted schema."""
 
+    connect: sql.Composed
     fence_exists: sql.Composed
     create_fence: sql.Composed
     select: sql.Composed
@@ -455,14 +456,16 @@ class _Statements:
     def build(cls, schema: str) -> _Statements:
         fence = sql.Identifier(schema, FENCE_TABLE)
         columns = sql.SQL("state, epoch, intent_digest, row_count, content_digest")
+        qualified = sql.Literal(fence.as_string(None))
         return cls(
+            connect=sql.SQL(
+                "SELECT set_config('lock_timeout', %s, false) || "
+                "set_config('TimeZone', 'UTC', false), to_regclass({qualified}) IS NOT NULL"
+            ).format(qualified=qualified),
             fence_exists=sql.SQL(
                 "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = {schema}), "
                 "to_regclass({qualified}) IS NOT NULL"
-            ).format(
-                schema=sql.Literal(schema),
-                qualified=sql.Literal(fence.as_string(None)),
-            ),
+            ).format(schema=sql.Literal(schema), qualified=qualified),
             create_fence=sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {fence} ("
                 "operation_id text PRIMARY KEY, "
@@ -536,7 +539,12 @@ _TABLE_INFO = (
     "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE n.nspname = %s AND c.relname = %s"
 )
-_SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)"
+# The table's row (all NULL when there is none) and whether its schema exists: one round
+# trip where a missing table used to cost a second one for its schema.
+_TABLE_OR_SCHEMA = (
+    "SELECT t.*, EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s) "
+    f"FROM (SELECT 1) AS one LEFT JOIN LATERAL ({_TABLE_INFO}) AS t ON true"
+)
 # Key columns of every unique index ON CONFLICT can infer: valid, immediate, not partial,
 # no expressions (INCLUDE columns are not key columns).
 _UNIQUE_KEYS = (
@@ -593,14 +601,19 @@ def _check_table(cur: psycopg.Cursor[Any], info: _TableInfo, plan: _Plan, raw: s
             )
 
 
-def _require_schema(cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> None:
-    row = cur.execute(_SCHEMA_EXISTS, (plan.table.schema,)).fetchone()
-    if not (row and row[0]):
+def _existing_table(cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> _TableInfo | None:
+    """The table's info, or None when it is absent; refuse a schema that does not exist."""
+    table = plan.table
+    row = cur.execute(_TABLE_OR_SCHEMA, (table.schema, table.schema, table.name)).fetchone()
+    if row is not None and row[0] is not None:
+        return _TableInfo(oid=int(row[0]), kind=str(row[1]), columns=frozenset(row[2]))
+    if not (row and row[3]):
         raise ConfigInvalid(
             f"the schema of table {raw!r} does not exist in the target database",
             field="table",
             hint=f"CREATE SCHEMA {plan.table.schema}, or name a table in an existing schema",
         )
+    return None
 
 
 def _create_table(plan: _Plan) -> sql.Composed:
@@ -907,15 +920,17 @@ class PostgresConnector:
             # READ COMMITTED explicitly: FOR UPDATE then sees the version a waited-for
             # writer committed (stricter levels would fail with a serialization error).
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            # UTC: a timestamp without zone in the rows means UTC, as on SQLite.
-            conn.execute(
-                "SELECT set_config('lock_timeout', %s, false), "
-                "set_config('TimeZone', 'UTC', false)",
+            # UTC: a timestamp without zone in the rows means UTC, as on SQLite. The same
+            # round trip asks whether the fence table exists (the next call needs to know).
+            row = conn.execute(
+                self._sql.connect,
                 (f"{max(1, round(self._lock_timeout_s * 1000))}ms",),
-            )
+            ).fetchone()
         except BaseException:
             conn.close()
             raise
+        if row is not None and row[1]:
+            self._fence_ready = True
         return conn
 
     @contextmanager
@@ -1024,10 +1039,8 @@ class PostgresConnector:
         if _verified_key(plan) in self._verified:
             return
         with self._session(action="check_plan", operation_id=None) as conn, conn.cursor() as cur:
-            info = _table_info(cur, checked.table)
-            if info is None:
-                _require_schema(cur, checked, plan.table)
-            else:
+            info = _existing_table(cur, checked, plan.table)
+            if info is not None:
                 _check_table(cur, info, checked, plan.table)
                 self._verified.add(_verified_key(plan))
 
@@ -1263,9 +1276,8 @@ class PostgresConnector:
 
     def _prepare_table(self, cur: psycopg.Cursor[Any], plan: _Plan, raw: str) -> bool:
         """Create the table or check it; True when it existed before this transaction."""
-        info = _table_info(cur, plan.table)
+        info = _existing_table(cur, plan, raw)
         if info is None:
-            _require_schema(cur, plan, raw)
             # Serialize first loads of one table; the loser then sees the winner's table.
             cur.execute(
                 "SELECT pg_advisory_xact_lock(%s)", (_advisory_key("table", plan.table.normalized),)

@@ -1,4 +1,4 @@
-"""PostgreSQL commit journal: a connection pool, server-clock leases, one-statement CAS."""
+"""PostgreSQL commit journal: pooled or one session, server-clock leases, one-statement CAS."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
-from psycopg_pool import ConnectionPool
 
 from dpone.adapters import _pg
 from dpone.adapters.journal import _checkpoint_sql, _ledger_sql, _rules
@@ -33,6 +32,8 @@ from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalConflict, JournalUnavailable
 
 if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
     from dpone.ports.checkpoint import TransactionalCheckpointStorePort
     from dpone.ports.journal import (
         FoldingJournalPort,
@@ -51,6 +52,9 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 _APPLICATION_NAME = "dpone-journal"
 # A statement may first wait its full lock bound, then still has to run.
 _STATEMENT_MARGIN_S = 30.0
+# A run ledger write on the one session (pooled=False): queued in a pipeline before the
+# write, it holds for the implicit transaction that ends at the pipeline's Sync only.
+_ASYNC_COMMIT_LOCAL = "SELECT set_config('synchronous_commit', 'off', true)"
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 _FROM_PREPARING = frozenset({CommitState.PREPARING})
@@ -488,6 +492,10 @@ class PostgresCommitJournal:
     server's clock only. Nothing connects in the constructor: the first call migrates
     the schema (idempotent, serialized by an advisory lock) and opens the pool. After a
     ``fork`` the child opens its own pool and never touches the parent's connections.
+    With ``pooled=False`` (one operation in a process: ``dpone run``) the migration's
+    connection stays open as the journal's one session, shared by threads one call at a
+    time (a run ledger write there takes a second round trip: ``_run_on_session``), and
+    ``psycopg_pool`` is never imported.
     Times are stored as ``timestamptz`` and handed out as float epoch seconds; metadata,
     results and evidence as ``jsonb``.
 
@@ -500,6 +508,9 @@ class PostgresCommitJournal:
             ``JournalUnavailable``; statements are cancelled after this plus 30 s.
         connect_timeout_s: bound on connecting and on waiting for a pooled connection
             (libpq counts whole seconds, at least 2).
+        read_only: never create or migrate a schema (list, history, inspect, plan).
+        pooled: False for one session instead of the pools (``_run_on_session``); the
+            pool sizes are then unused.
 
     Raises:
         ConfigInvalid: a bad DSN, schema name or bound (no I/O happens here).
@@ -515,6 +526,7 @@ class PostgresCommitJournal:
         lock_timeout_s: float = 10.0,
         connect_timeout_s: float = 5.0,
         read_only: bool = False,
+        pooled: bool = True,
     ) -> None:
         # read_only (list, history, inspect, plan): never create or migrate a schema
         self._read_only = read_only
@@ -537,6 +549,7 @@ class PostgresCommitJournal:
         self._schema = schema
         self._pool_min = pool_min
         self._pool_max = pool_max
+        self._pooled = pooled
         self._lock_timeout_s = _positive(lock_timeout_s, "lock_timeout_s")
         self._connect_timeout_s = _positive(connect_timeout_s, "connect_timeout_s")
         self._connect_kwargs: dict[str, Any] = {
@@ -570,9 +583,12 @@ class PostgresCommitJournal:
         self._pool: ConnectionPool[_Conn] | None = None
         self._ledger_pool: ConnectionPool[_Conn] | None = None
         self._ledger_pid = os.getpid()
-        # Pools inherited through fork belong to the parent: never used, never closed
-        # (closing would end the parent's sessions on the server).
-        self._inherited: list[ConnectionPool[_Conn]] = []
+        # pooled=False: the one session, and the lock that gives it to one call at a time
+        self._session: _Conn | None = None
+        self._session_lock = threading.RLock()
+        # Pools and sessions inherited through fork belong to the parent: never used, never
+        # closed (closing would end the parent's sessions on the server).
+        self._inherited: list[object] = []
         self._pid = os.getpid()
         self._ready = False
         self._unborn = False  # read_only found no journal in the schema (version 0)
@@ -1066,7 +1082,7 @@ class PostgresCommitJournal:
         dialect = self._checkpoints()
         if self._read_only and not self._ready:
             try:
-                self._ready_pool()
+                self._ready_connections()
             except ConfigInvalid:
                 if self._unborn:
                     return None  # no journal here yet (e.g. only `dpone delivery send` ran)
@@ -1430,8 +1446,11 @@ class PostgresCommitJournal:
             self._closed = True
             pool, self._pool = self._pool, None
             ledger, self._ledger_pool = self._ledger_pool, None
+            session, self._session = self._session, None
             forked = os.getpid() != self._pid
             ledger_forked = os.getpid() != self._ledger_pid
+        if session is not None:
+            self._close_session(session, forked=forked)
         if ledger is not None:
             if ledger_forked:
                 self._inherited.append(ledger)
@@ -1694,6 +1713,8 @@ class PostgresCommitJournal:
         with the pool's other idle ones; ``repeatable`` work then runs once more on a
         fresh connection, since running it twice is harmless.
         """
+        if not self._pooled:
+            return self._run_on_session(action, work, repeatable=repeatable, ledger=ledger)
         for attempt in (1, 2):
             pool = self._ready_ledger_pool() if ledger else self._ready_pool()
             lost = False
@@ -1736,6 +1757,8 @@ class PostgresCommitJournal:
             if not self._ready:
                 self._migrate()
             if self._pool is None:
+                from psycopg_pool import ConnectionPool  # lazily: a one-shot run never pools
+
                 self._pool = ConnectionPool(
                     self._dsn,
                     kwargs=self._connect_kwargs,
@@ -1761,6 +1784,8 @@ class PostgresCommitJournal:
             if self._ledger_pool is None or self._ledger_pid != os.getpid():
                 if self._ledger_pool is not None:
                     self._inherited.append(self._ledger_pool)
+                from psycopg_pool import ConnectionPool  # lazily: a one-shot run never pools
+
                 self._ledger_pool = ConnectionPool(
                     self._dsn,
                     kwargs=self._connect_kwargs,
@@ -1775,6 +1800,92 @@ class PostgresCommitJournal:
                 self._ledger_pool.open(wait=False)
                 self._ledger_pid = os.getpid()
             return self._ledger_pool
+
+    # -------------------------------------------------- one session (pooled=False)
+    def _ready_connections(self) -> None:
+        """Migrate and connect as the first call would (the pool or the one session)."""
+        if self._pooled:
+            self._ready_pool()
+            return
+        self._adopt_fork()
+        with self._session_lock:
+            self._ready_session()
+
+    def _run_on_session(
+        self,
+        action: str,
+        work: Callable[[_Conn], _T],
+        *,
+        repeatable: bool,
+        ledger: bool,
+    ) -> _T:
+        """``_run`` on the one session: one call at a time, a lost session replaced.
+
+        A run ledger write (``ledger``) turns off the wait for its WAL flush for its own
+        transaction only: ``set_config(..., true)`` and the write are pipelined into one
+        implicit transaction that the pipeline's Sync commits, so the session's journal
+        writes keep committing synchronously (see ``_ledger``).
+        """
+        self._adopt_fork()
+        for attempt in (1, 2):
+            with self._session_lock:
+                conn = self._ready_session()
+                try:
+                    if not ledger:
+                        return work(conn)
+                    with conn.pipeline():
+                        conn.execute(_ASYNC_COMMIT_LOCAL)
+                        return work(conn)
+                except psycopg.Error as exc:
+                    lost = conn.broken or conn.closed
+                    if lost:
+                        self._session = None
+                        conn.close()
+                    if not (lost and repeatable and attempt == 1):
+                        raise self._translate(exc, action) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _ready_session(self) -> _Conn:
+        """The one session, migrating the schema on first use. Hold ``_session_lock``."""
+        conn = self._session
+        if conn is not None:
+            return conn
+        with self._lock:
+            self._check_open()
+            if not self._ready:
+                self._migrate(keep=True)
+            else:  # the session was lost: a new one (the schema is migrated)
+                try:
+                    conn = psycopg.connect(self._dsn, **self._connect_kwargs)
+                    try:
+                        self._configure(conn)
+                    except BaseException:
+                        conn.close()
+                        raise
+                except psycopg.Error as exc:
+                    raise self._translate(exc, "connect to the journal") from exc
+                self._session = conn
+            assert self._session is not None  # noqa: S101 - set just above
+            return self._session
+
+    def _adopt_fork(self) -> None:
+        """In a forked child, set the parent's session aside (never used, never closed)."""
+        if self._pid == os.getpid():
+            return
+        # another thread of the parent may have held either lock at the fork
+        self._lock = threading.Lock()
+        self._session_lock = threading.RLock()
+        if self._session is not None:
+            self._inherited.append(self._session)
+        self._session = None
+        self._pid = os.getpid()
+
+    def _close_session(self, session: _Conn, *, forked: bool) -> None:
+        if forked:
+            self._inherited.append(session)
+            return
+        with self._session_lock:  # after the call in progress, if any
+            session.close()
 
     def _configure_ledger(self, conn: _Conn) -> None:
         self._configure(conn)
@@ -1797,27 +1908,48 @@ class PostgresCommitJournal:
 
     def _server_identity(self) -> str:
         """Return libpq's view of our server (set by the first connection)."""
-        self._ready_pool()
+        self._ready_connections()
         assert self._server is not None  # noqa: S101 - set by the migration connection
         return self._server
 
-    def _migrate(self) -> list[int]:
+    def _migrate(self, *, keep: bool = False) -> list[int]:
         """Connect directly (fast, precise failure) and bring the schema up to date.
 
-        Must hold ``self._lock``. The direct connection also records the server identity.
+        Must hold ``self._lock``. The direct connection also records the server identity;
+        ``keep`` makes it the one session (``pooled=False``) instead of closing it.
         """
         try:
-            with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
-                self._configure(conn)
+            conn = psycopg.connect(self._dsn, **self._connect_kwargs)
+            try:
                 self._server = _info_locator(conn.info)
-                applied = self._migrate_on(conn)
+                applied = self._migrate_on(conn, self._configure_reading_version(conn))
+            except BaseException:
+                conn.close()
+                raise
         except psycopg.Error as exc:
             raise self._translate(exc, "migrate the journal schema") from exc
         self._ready = True
+        if keep:
+            self._session = conn
+        else:
+            conn.close()
         return applied
 
-    def _migrate_on(self, conn: _Conn) -> list[int]:
-        installed = self._installed_version(conn, missing_ok=True)
+    def _configure_reading_version(self, conn: _Conn) -> int:
+        """``_configure`` and the installed version in one round trip (0: no journal yet)."""
+        try:
+            row = conn.execute(
+                f"SELECT ({self._sql.installed_version}), "
+                "set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                self._settings,
+            ).fetchone()
+        except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
+            # no journal yet; the failed statement's settings rolled back with it
+            self._configure(conn)
+            return 0
+        return self._checked_version(row)
+
+    def _migrate_on(self, conn: _Conn, installed: int) -> list[int]:
         if installed == SCHEMA_VERSION:
             return []  # the usual case: one read, no lock
         if self._read_only and installed >= _READ_ONLY_OLDEST:
@@ -1854,6 +1986,9 @@ class PostgresCommitJournal:
             if not missing_ok:
                 raise
             return 0  # autocommit: the failed read leaves nothing to roll back
+        return self._checked_version(row)
+
+    def _checked_version(self, row: tuple[Any, ...] | None) -> int:
         version = int(row[0]) if row is not None else 0
         if version > SCHEMA_VERSION:
             raise ConfigInvalid(

@@ -25,6 +25,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from dpone.adapters.sources._common import CHUNK_SIZE, changed_error, open_raw
 from dpone.adapters.sources._prefetch import settled, vouched_identity
@@ -68,22 +69,32 @@ class _Checker:
         # searched for when their first byte occurs at all.
         if b"\x00" in chunk:
             raise RawCsvRefused("NUL byte")
-        window = self._tail + chunk
-        if b"\\" in window and _END_OF_DATA.search(window):
+        # Every pattern is at most 3 bytes: one that crosses the border lies in ``edge``
+        # (the last two bytes before the chunk and its first two), so the chunk itself
+        # is searched as it is, never copied behind the tail.
+        edge = self._tail + chunk[:2]
+        if (b"\\" in chunk or b"\\" in edge) and (
+            _END_OF_DATA.search(chunk) or _END_OF_DATA.search(edge)
+        ):
             raise RawCsvRefused("end-of-data marker")
-        if b"\r" in window:
+        if b"\r" in chunk or b"\r" in edge:
             # A CR ending a chunk is decided with the next chunk's first byte (the tail).
-            if not self._crlf or _LONE_CR.search(window) or (final and window.endswith(b"\r")):
+            if (
+                not self._crlf
+                or _LONE_CR.search(chunk)
+                or _LONE_CR.search(edge)
+                or (final and chunk.endswith(b"\r"))
+            ):
                 raise RawCsvRefused("carriage return")
-            if _BLANK_LINE_CRLF.search(window):
+            if _BLANK_LINE_CRLF.search(chunk) or _BLANK_LINE_CRLF.search(edge):
                 raise RawCsvRefused("blank line")
-        elif _BLANK_LINE.search(window):
+        elif _BLANK_LINE.search(chunk) or _BLANK_LINE.search(edge):
             raise RawCsvRefused("blank line")
         newlines = chunk.count(b"\n")
         if b'"' in chunk:
             newlines -= self._quotes(chunk)
         self.newlines += newlines
-        self._tail = window[-2:]
+        self._tail = (self._tail + chunk[-2:])[-2:]
         if chunk:
             self._last = chunk[-1:]
         if final and self._odd:
@@ -159,36 +170,38 @@ class CsvFileBytes:
         """The header's names, in file order."""
         return self._columns
 
-    def chunks(self, *, crlf: bool, hash_bytes: bool = True) -> Iterator[bytes]:
-        """Yield checked 1 MiB chunks; after the last, check the hash against the snapshot.
+    def chunks(self, *, crlf: bool, verified_after: bool = False) -> Iterator[bytes]:
+        """Yield checked 1 MiB chunks; before the last is handed out, prove the snapshot.
 
-        With ``hash_bytes=False`` (a target that reads the file itself and calls
-        ``verify_unchanged`` after its read) the bytes are not hashed again when this
-        process hashed the identity from this very file, settled, with the stat it has
-        now (``vouched_identity``); otherwise they are.
+        The proof is the hash of the bytes read, except when this process hashed the
+        identity from this very file, settled, with the stat it has at this open
+        (``vouched_identity``): then no byte is hashed, and the same stat once more
+        after the last read proves that nothing wrote to the file from before its
+        identity hash to the end of this read (ADR 0004's amendment). With
+        ``verified_after`` (a target that reads the file itself and calls
+        ``verify_unchanged`` after its read) that last stat is left to that call.
         """
         checker = _Checker(self._delimiter.encode("ascii"), self._columns, crlf=crlf)
         now = time.time_ns()  # before the stat: a later write is stamped at least this
         with self._open() as handle:
             self._state = _state(os.fstat(handle.fileno()))
             self._settled = settled(self._state, now)
-            vouched = not hash_bytes and vouched_identity(self._path, self._state) == self._expected
+            vouched = vouched_identity(self._path, self._state) == self._expected
             digest = None if vouched else hashlib.sha256()
             chunk = handle.read(CHUNK_SIZE)
             while chunk:
                 following = handle.read(CHUNK_SIZE)
                 if digest is not None:
                     digest.update(chunk)
-                    if not following and "sha256:" + digest.hexdigest() != self._expected:
-                        raise changed_error(self._path)
                 checker.check(chunk, final=not following)
                 if not following:
+                    self._prove(digest, stat_again=not verified_after)
                     # The header's line feed ends no record; a last record may lack one.
                     self._records = checker.newlines - 1 + (not chunk.endswith(b"\n"))
                 yield chunk
                 chunk = following
-            if digest is not None and "sha256:" + digest.hexdigest() != self._expected:
-                raise changed_error(self._path)  # an empty file
+            if self._records is None:  # an empty file
+                self._prove(digest, stat_again=not verified_after)
 
     def records(self) -> int:
         """Return the number of records after the header (once ``chunks`` is exhausted)."""
@@ -207,6 +220,20 @@ class CsvFileBytes:
         """
         if self._state is None:
             raise RuntimeError("verify_unchanged() before chunks()")
+        self._same_stat()
+        if not self._settled:
+            self._hash_again()
+
+    def _prove(self, digest: Any, *, stat_again: bool) -> None:
+        """After the last read: raise "source changed" unless the bytes are the snapshot."""
+        if digest is not None:
+            if "sha256:" + digest.hexdigest() != self._expected:
+                raise changed_error(self._path)
+        elif stat_again:
+            self._same_stat()  # vouched: no write since the identity hash, none since
+
+    def _same_stat(self) -> None:
+        """Raise "source changed" unless the path still has the stat ``chunks`` opened."""
         try:
             # Opened, not just stat'ed: a network file system (NFS's close-to-open
             # consistency) revalidates the attributes of a file being opened.
@@ -216,8 +243,6 @@ class CsvFileBytes:
             raise changed_error(self._path) from None
         if now != self._state:
             raise changed_error(self._path)
-        if not self._settled:
-            self._hash_again()
 
     def _hash_again(self) -> None:
         digest = hashlib.sha256()
