@@ -145,10 +145,16 @@ class RunService:
             # a new run of a new operation: the protocol may write the run with its first
             # write (ADR 0008), or records it first (``decline``)
             folding = self._folding
+            both = getattr(folding, "complete_run_entry_writer", None)
             tr.fold = RunFold(
                 write=folding.complete_run_writer(
                     start, owner=self._owner, provenance=request.provenance
-                ),
+                )
+                if both is None
+                else _unused_writer,
+                create_complete=None
+                if both is None
+                else both(start, owner=self._owner, provenance=request.provenance),
                 decline=tr.ensure_run,
                 create_committing=lambda **entry: folding.create_committing_with_run(
                     start, provenance=request.provenance, **entry
@@ -309,6 +315,11 @@ class _Try:
         """Attempt 1 recorded with the entry (forward mode) is this try's, dispatched or not."""
         if self.fold is not None and self.fold.begun and not self.mine:
             self.mine.append(1)
+
+
+def _unused_writer(txn: object) -> None:
+    """``RunFold.write`` when ``create_complete`` writes the run (never called then)."""
+    raise AssertionError("the run is written with the entry (RunFold.create_complete)")
 
 
 def check_replay(run: RunRecord, start: RunStart) -> None:
