@@ -8,7 +8,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -218,6 +218,7 @@ class _Statements:
     create_intent: str
     born_complete: str
     born_committing: str
+    #: templates: ``_cas_sql`` fills in the expected states, the next state and the steps
     cas: str
     cas_audited: str
     acquire: str
@@ -241,7 +242,7 @@ class _Statements:
         cas_head = f"""
             WITH moved AS (
                 UPDATE {j} AS j
-                SET previous_state = j.state, state = %(next_state)s, version = j.version + 1,
+                SET previous_state = j.state, state = @NEXT@, version = j.version + 1,
                     result = COALESCE(%(result)s::jsonb, j.result), updated_at = clock.now,
                     -- release_lease: the lease ends with this write, no second round trip
                     lease_owner = CASE WHEN %(release)s THEN NULL ELSE j.lease_owner END,
@@ -249,7 +250,7 @@ class _Statements:
                                             ELSE j.lease_expires_at END
                 FROM (SELECT clock_timestamp() AS now) AS clock
                 WHERE j.operation_id = %(operation_id)s AND j.version = %(expected_version)s
-                  AND j.state = ANY(%(expected_states)s::text[])
+                  AND j.state IN (@EXPECTED@)
                   AND j.lease_epoch = %(lease_epoch)s
                 RETURNING j.*
             ), history AS (
@@ -257,9 +258,7 @@ class _Statements:
                 SELECT m.operation_id, m.version, step.seq, step.from_state, step.to_state,
                        step.kind, %(actor)s, m.lease_epoch, %(evidence)s::jsonb, m.updated_at
                 FROM moved AS m
-                JOIN unnest(%(step_source)s::text[], %(step_seq)s::int[], %(step_from)s::text[],
-                            %(step_to)s::text[], %(step_kind)s::text[])
-                     AS step(source, seq, from_state, to_state, kind)
+                JOIN (VALUES @STEPS@) AS step(source, seq, from_state, to_state, kind)
                   ON step.source = m.previous_state
             )"""
         cas_tail = f"SELECT {_entry_columns('m')}, m.previous_state FROM moved AS m"
@@ -517,6 +516,47 @@ def _literal(text: str | None) -> str:
     return "NULL" if text is None else "'" + text.replace("'", "''") + "'"
 
 
+@lru_cache(maxsize=256)
+def _cas_sql(
+    sql: _Statements,
+    expected_states: frozenset[CommitState],
+    next_state: CommitState,
+    *,
+    audited: bool,
+) -> str:
+    """The CAS statement of one move, its history rows written in as constants.
+
+    The rows come from ``_rules.transition_rows`` for every state the entry may be in;
+    the statement keeps those of the state it actually left, so a CAS that accepts
+    several states records the exact (fold) path it took. They depend only on the move,
+    so they are built once per move and schema, not sent with every write.
+    """
+    steps: list[str] = []
+    for frm in sorted(expected_states, key=lambda s: s.value):
+        for t in _rules.transition_rows(
+            operation_id="-",
+            from_state=frm,
+            to_state=next_state,
+            version=0,  # the statement uses the new version
+            actor="-",
+            lease_epoch=0,
+            evidence=MappingProxyType({}),
+            at=0.0,  # and the server's time
+        ):
+            source = None if t.from_state is None else t.from_state.value
+            steps.append(
+                f"({_literal(frm.value)}::text, {t.seq}, {_literal(source)}::text, "
+                f"{_literal(t.to_state.value)}::text, {_literal(t.kind)}::text)"
+            )
+    expected = ", ".join(_literal(s.value) for s in sorted(expected_states, key=lambda s: s.value))
+    template = sql.cas_audited if audited else sql.cas
+    return (
+        template.replace("@EXPECTED@", expected)
+        .replace("@NEXT@", _literal(next_state.value))
+        .replace("@STEPS@", ", ".join(steps))
+    )
+
+
 # ---------------------------------------------------------------------- the adapter
 class PostgresCommitJournal:
     """A CommitJournalPort (transactional and folding, see the ports) in one PostgreSQL schema.
@@ -617,6 +657,8 @@ class PostgresCommitJournal:
             "AS j WHERE j.operation_id = %s) AS e ON true"
         )
         self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
+        # the last new run's checked values (``_run_params``)
+        self._run_memo: tuple[RunStart, str, SafeMapping | None, dict[str, object]] | None = None
         self._lock = threading.Lock()
         self._pool: ConnectionPool[_Conn] | None = None
         self._ledger_pool: ConnectionPool[_Conn] | None = None
@@ -843,7 +885,7 @@ class PostgresCommitJournal:
         params = self._committing_params(
             operation_id, intent_digest, metadata, actor, lease_ttl_seconds, evidence
         )
-        params.update(_ledger_sql.complete_run_params(start, owner=actor, provenance=provenance))
+        params.update(self._run_params(start, owner=actor, provenance=provenance))
         statement = self._born_with_run[CommitState.COMMITTING]
 
         def write(conn: _Conn) -> tuple[Any, ...] | None:
@@ -1439,7 +1481,7 @@ class PostgresCommitJournal:
         is raised by the next statement that reads a result (the journal entry's INSERT,
         which turns a unique violation into ``JournalConflict``).
         """
-        params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
+        params = self._run_params(start, owner=owner, provenance=provenance)
         statement = self._run_complete
 
         def write(txn: object) -> None:
@@ -1475,7 +1517,7 @@ class PostgresCommitJournal:
             UnsafeValue: provenance or access hold a secret-looking value (checked here,
                 before any write).
         """
-        run_params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
+        run_params = self._run_params(start, owner=owner, provenance=provenance)
         statement = self._born_with_run[CommitState.COMPLETE]
 
         def write(
@@ -1502,6 +1544,18 @@ class PostgresCommitJournal:
             return self._born_within(txn, statement, params, "the journal entry or the run")
 
         return write
+
+    def _run_params(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None
+    ) -> dict[str, object]:
+        """``complete_run_params``, checked once per run: the run service asks for both
+        folds of a new run (atomic and forward) before the protocol picks one."""
+        memo = self._run_memo
+        if memo is not None and memo[0] is start and memo[1] == owner and memo[2] is provenance:
+            return memo[3]
+        params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
+        self._run_memo = (start, owner, provenance, params)
+        return params
 
     def _ledger(self, action: str, work: Callable[[_ledger_sql.LedgerDialect, _Conn], _T]) -> _T:
         """Run ledger statements in one transaction; every ledger write is repeatable."""
@@ -1589,46 +1643,25 @@ class PostgresCommitJournal:
         _rules.safe_actor(actor)
         if audit is not None:
             _rules.safe_audit(audit, "applied")
-        steps: list[Transition] = []
-        sources: list[str] = []
-        for frm in sorted(expected_states, key=lambda s: s.value):
-            rows = _rules.transition_rows(
-                operation_id=operation_id,
-                from_state=frm,
-                to_state=next_state,
-                version=0,  # the statement uses the new version
-                actor=actor,
-                lease_epoch=lease_epoch,
-                evidence=safe_evidence,
-                at=0.0,  # and the server's time
-            )
-            steps.extend(rows)
-            sources.extend(frm.value for _ in rows)
         params: dict[str, Any] = {
             "operation_id": operation_id,
             "expected_version": expected_version,
-            "expected_states": sorted(s.value for s in expected_states),
-            "next_state": next_state.value,
             "lease_epoch": lease_epoch,
             "release": bool(release_lease),
             "result": None if safe_result is None else _rules.encode_mapping(safe_result),
             "actor": actor,
             "evidence": _rules.encode_mapping(safe_evidence),
-            "step_source": sources,
-            "step_seq": [t.seq for t in steps],
-            "step_from": [None if t.from_state is None else t.from_state.value for t in steps],
-            "step_to": [t.to_state.value for t in steps],
-            "step_kind": [t.kind for t in steps],
         }
+        query = _cas_sql(self._sql, expected_states, next_state, audited=audit is not None)
         if audit is None:
-            return self._sql.cas, params
+            return query, params
         params.update(
             principal=audit.principal,
             action=audit.action,
             reason=audit.reason,
             attestation=audit.attestation,
         )
-        return self._sql.cas_audited, params
+        return query, params
 
     def _complete_statement(
         self,
