@@ -1058,6 +1058,8 @@ class CommitProtocol:
         )
 
     def _emit(self, entry: JournalEntry, event: str) -> None:
+        if not _log.isEnabledFor(logging.INFO):
+            return  # the usual case for a library caller: build no record
         _log.info(
             "%s %s v%d",
             event,

@@ -233,6 +233,8 @@ class RunService:
         return attempt
 
     def _emit(self, run: RunRecord, event: str) -> None:
+        if not _log.isEnabledFor(logging.INFO):
+            return  # the usual case for a library caller: build no record
         _log.info(
             "%s %s attempt %d (%s)",
             event,
