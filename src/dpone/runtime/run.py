@@ -145,16 +145,20 @@ class RunService:
             # a new run of a new operation: the protocol may write the run with its first
             # write (ADR 0008), or records it first (``decline``)
             folding = self._folding
+            # a ledger that writes the run and the entry born COMPLETE as one statement
+            # offers that writer (ADR 0011); it replaces the run's own writer
             both = getattr(folding, "complete_run_entry_writer", None)
-            tr.fold = RunFold(
-                write=folding.complete_run_writer(
+            write: Callable[[object], None] = _unused_writer
+            create_complete: Callable[..., JournalEntry] | None = None
+            if both is not None:
+                create_complete = both(start, owner=self._owner, provenance=request.provenance)
+            else:
+                write = folding.complete_run_writer(
                     start, owner=self._owner, provenance=request.provenance
                 )
-                if both is None
-                else _unused_writer,
-                create_complete=None
-                if both is None
-                else both(start, owner=self._owner, provenance=request.provenance),
+            tr.fold = RunFold(
+                write=write,
+                create_complete=create_complete,
                 decline=tr.ensure_run,
                 create_committing=lambda **entry: folding.create_committing_with_run(
                     start, provenance=request.provenance, **entry
