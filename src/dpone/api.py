@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from dpone.contracts.journal import JournalEntry
     from dpone.contracts.result import OperationResult
     from dpone.contracts.run import Provenance
+    from dpone.ports.ledger import RunLedgerPort
     from dpone.ports.source import SourcePort
     from dpone.runtime.commit_protocol import OperationSpec
+    from dpone.runtime.retry import RetryPolicy
 
 __all__ = ["DeliveryResult", "RunContext", "Runner", "run_operation"]
 
@@ -76,6 +78,9 @@ class Runner:
         self._environ = environ
         self._rest: RestRoute | None = None
         self._relational: Route | None = None
+        # per-Runner constants of the run() hot path (``_policy_and_ledger``)
+        self._hot: tuple[Workload, RetryPolicy, RunLedgerPort] | None = None
+        self._default_provenance: Provenance | None = None
         if isinstance(self.workload.target, RestTargetConfig):
             from dpone.config.delivery import open_rest_route
 
@@ -226,7 +231,7 @@ class Runner:
             DponeError: a typed error from :mod:`dpone.errors`; its ``code`` and
                 ``retryability`` say what to do next.
         """
-        policy = retry_policy(self.workload)
+        policy, ledger = self._policy_and_ledger()
         # planning reads the journal (the next interval) and may read the source's catalog
         # (its columns): a transient failure there is retried under the same policy
         source, spec = call_with_retries(
@@ -236,7 +241,7 @@ class Runner:
             self.workload,
             self._route,
             spec,
-            provenance=provenance or api_provenance(),
+            provenance=provenance or self._api_provenance(),
             idempotency_key=idempotency_key,
             environ=self._environ,
         )
@@ -254,8 +259,25 @@ class Runner:
                 on_attempt=on_attempt,
             )
 
-        service = RunService(ledger=ledger_of(self._route.journal), retry=policy, owner=owner)
+        service = RunService(ledger=ledger, retry=policy, owner=owner)
         return service.run(request, spec, protocol)
+
+    def _policy_and_ledger(self) -> tuple[RetryPolicy, RunLedgerPort]:
+        """The workload's retry policy and the route's run ledger, built once per workload."""
+        hot = self._hot
+        if hot is None or hot[0] is not self.workload:
+            hot = self._hot = (
+                self.workload,
+                retry_policy(self.workload),
+                ledger_of(self._route.journal),
+            )
+        return hot[1], hot[2]
+
+    def _api_provenance(self) -> Provenance:
+        """An API caller on this host (the default provenance), made once per Runner."""
+        if self._default_provenance is None:
+            self._default_provenance = api_provenance()
+        return self._default_provenance
 
     def _plan(
         self,

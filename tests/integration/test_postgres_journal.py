@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from dpone.adapters.journal import _rules
 from dpone.adapters.journal.postgres import SCHEMA_VERSION, PostgresCommitJournal
 from dpone.contracts.journal import JournalEntry
+from dpone.contracts.run import AttemptState, RunState
 from dpone.contracts.states import CommitState as S
 from dpone.errors import (
     ConfigInvalid,
@@ -40,6 +41,7 @@ from dpone.testing.journal_conformance import (
     leased,
     new_operation_id,
 )
+from dpone.testing.ledger_conformance import CLI, new_start
 from dpone.testing.pg_probe import wait_until
 
 SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "WHERE", "RETURNING")
@@ -512,6 +514,120 @@ def test_create_complete_within_waits_for_an_in_flight_creator(
     assert done is not None
     assert done.result is not None
     assert dict(done.result) == {"rows_written": 1}
+
+
+def _history_shape(journal: PostgresCommitJournal, operation_id: str) -> list[tuple[object, ...]]:
+    return [
+        (t.version, t.seq, t.from_state, t.to_state, t.kind, t.actor, t.lease_epoch, t.evidence)
+        for t in journal.history(operation_id)
+    ]
+
+
+def test_the_run_and_the_entry_born_complete_are_one_statement(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """ADR 0011: run, attempt 1 and the entry born COMPLETE commit together, as one INSERT."""
+    start = new_start()
+    alone = new_operation_id()
+    writer = journal.complete_run_entry_writer(start, owner=OWNER_A, provenance=CLI)
+    with psycopg.connect(pg_available, autocommit=True) as target:
+        with target.transaction():
+            born = writer(
+                target,
+                operation_id=start.operation_id,
+                intent_digest=DIGEST,
+                metadata={"workload_id": "orders"},
+                actor=OWNER_A,
+                result={"rows_written": 2},
+                evidence={"mode": "atomic"},
+            )
+            assert journal.get(start.operation_id) is None, "invisible before the commit"
+            assert journal.get_run(start.run_id) is None
+        with target.transaction():
+            _born_complete(journal, target, alone)
+    assert journal.get(start.operation_id) == born
+    assert _history_shape(journal, start.operation_id) == _history_shape(journal, alone)
+    run = journal.get_run(start.run_id)
+    assert run is not None
+    assert (run.state, run.current_attempt, run.idempotency_key) == (
+        RunState.COMPLETE,
+        1,
+        start.idempotency_key,
+    )
+    [attempt] = journal.attempts(start.run_id)
+    assert (attempt.attempt, attempt.owner, attempt.state, dict(attempt.provenance)) == (
+        1,
+        OWNER_A,
+        AttemptState.COMPLETE,
+        CLI,
+    )
+
+
+def test_a_recorded_run_key_refuses_the_entry_born_with_it(
+    journal: PostgresCommitJournal, pg_available: str
+) -> None:
+    """The run's key recorded by another executor: JournalConflict, and no entry is left."""
+    start = new_start()
+    journal.begin_run(start)
+    writer = journal.complete_run_entry_writer(start, owner=OWNER_A, provenance=CLI)
+    with (
+        psycopg.connect(pg_available, autocommit=True) as target,
+        pytest.raises(JournalConflict),
+        target.transaction(),
+    ):
+        writer(
+            target,
+            operation_id=start.operation_id,
+            intent_digest=DIGEST,
+            metadata={"workload_id": "orders"},
+            actor=OWNER_A,
+            result={"rows_written": 2},
+        )
+    assert journal.get(start.operation_id) is None
+    assert journal.history(start.operation_id) == []
+    assert journal.attempts(start.run_id) == []
+
+
+def test_forward_birth_with_a_recorded_run_creates_the_entry_alone(
+    journal: PostgresCommitJournal,
+) -> None:
+    """Forward: the run's key exists, so nothing of the joint write is kept; the entry is
+    then created alone (born COMMITTING, ours) and the run is left as it was."""
+    start = new_start()
+    before, _ = journal.begin_run(start)
+    entry, recorded = journal.create_committing_with_run(
+        start,
+        provenance=CLI,
+        operation_id=start.operation_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_A,
+        lease_ttl_seconds=30,
+        evidence={"fence_epoch": 1},
+    )
+    assert recorded is False
+    assert (entry.state, entry.version, entry.lease_owner, entry.lease_epoch) == (
+        S.COMMITTING,
+        2,
+        OWNER_A,
+        1,
+    )
+    assert journal.get_run(start.run_id) == before
+    assert journal.attempts(start.run_id) == []
+    # an entry that exists is returned as it is, and the new run of the joint write,
+    # inserted before the entry's unique violation, is not kept either
+    other = new_start()
+    again, recorded = journal.create_committing_with_run(
+        other,
+        provenance=CLI,
+        operation_id=start.operation_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_B,
+        lease_ttl_seconds=30,
+    )
+    assert (again, recorded) == (entry, False)
+    assert journal.get_run(other.run_id) is None
 
 
 def test_create_committing_writes_the_unfolded_history(journal: PostgresCommitJournal) -> None:

@@ -63,3 +63,29 @@ def test_long_work_is_renewed_every_third_of_the_ttl_until_it_ends() -> None:
     entry = journal.get("op-1")
     assert entry is not None
     assert entry.lease_owner == OWNER
+
+
+def test_a_keeper_due_sooner_or_later_than_the_timer_expects_is_renewed() -> None:
+    """The timer thread is woken only for a keeper due before its next wake-up."""
+    journal = CountingJournal()
+    epoch = _leased(journal, ttl=0.3)
+    other = CountingJournal()
+    _leased(other, ttl=30.0)
+    # the timer sleeps towards the slow keeper's renewal (10 s away); the fast one, due in
+    # 0.1 s, must wake it
+    with (
+        LeaseKeeper(other, operation_id="op-1", owner=OWNER, lease_epoch=1, ttl_seconds=30.0),
+        LeaseKeeper(journal, operation_id="op-1", owner=OWNER, lease_epoch=epoch, ttl_seconds=0.3),
+    ):
+        time.sleep(0.1)  # let the timer settle on its next deadline first
+        time.sleep(0.35)
+        assert journal.renewals >= 1
+    assert other.renewals == 0
+    # a keeper due after the timer's next (stale) wake-up needs no wake-up call: the
+    # timer wakes, finds nothing due, and waits for it
+    renewed = journal.renewals
+    with LeaseKeeper(journal, operation_id="op-1", owner=OWNER, lease_epoch=epoch, ttl_seconds=0.3):
+        pass  # leaves the timer a deadline 0.1 s away
+    with LeaseKeeper(journal, operation_id="op-1", owner=OWNER, lease_epoch=epoch, ttl_seconds=0.6):
+        time.sleep(0.5)  # due at 0.2 s
+        assert journal.renewals >= renewed + 1

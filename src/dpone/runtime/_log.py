@@ -61,6 +61,14 @@ class LazyLogger:
         kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
         return kwargs
 
+    def info_enabled(self) -> bool:
+        """Whether an INFO record would be passed on (False while logging is not loaded)."""
+        if "logging" not in sys.modules:
+            return False
+        import logging
+
+        return self._real().isEnabledFor(logging.INFO)
+
     def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
         if "logging" in sys.modules:
             self._real().debug(msg, *args, **self._caller(kwargs))

@@ -93,11 +93,16 @@ class RunFold:
     ``decline``, which records the run the ordinary way. ``committed`` is set once the
     folded transaction committed: the run is then complete and nothing is left to write.
     In forward mode ``create_committing`` records the run RUNNING at attempt 1 in the
-    journal write that creates the entry leased at epoch 1 (``begun``).
+    journal write that creates the entry leased at epoch 1 (``begun``). A ledger that
+    can write the run and the entry born COMPLETE as one statement offers
+    ``create_complete`` (ADR 0011): called instead of ``write`` and the journal's
+    ``create_complete_within``, with the same arguments as the latter.
     """
 
     write: Callable[[object], None]
     decline: Callable[[], object]
+    #: atomic mode: the run and the entry born COMPLETE in one statement (ADR 0011)
+    create_complete: Callable[..., JournalEntry] | None = None
     #: forward mode: create the entry COMMITTING together with the run RUNNING at
     #: attempt 1; returns ``(entry, run_recorded)`` (``FoldingLedgerPort``)
     create_committing: Callable[..., tuple[JournalEntry, bool]] | None = None
@@ -757,10 +762,13 @@ class CommitProtocol:
         def within(txn: object) -> None:
             failpoints.hit("fence.mutate.before_commit")
             failpoints.hit("before:journal.create")
-            if run_fold is not None:
+            create = journal.create_complete_within
+            if run_fold is not None and run_fold.create_complete is not None:
+                create = run_fold.create_complete  # the run and the entry: one statement
+            elif run_fold is not None:
                 run_fold.write(txn)  # queued: the entry's INSERT below reads both results
             written.append(
-                journal.create_complete_within(
+                create(
                     txn,
                     operation_id=spec.operation_id,
                     intent_digest=spec.intent_digest,
@@ -1050,6 +1058,8 @@ class CommitProtocol:
         )
 
     def _emit(self, entry: JournalEntry, event: str) -> None:
+        if not _log.info_enabled():
+            return  # the usual case for a library caller: build no record
         _log.info(
             "%s %s v%d",
             event,

@@ -54,6 +54,9 @@ def acquire(
     return entry
 
 
+_NEVER = float("inf")
+
+
 class _Timers:
     """One timer thread per process: starts a keeper's renewal thread when it is first due.
 
@@ -66,6 +69,10 @@ class _Timers:
         self._pid = -1
         self._cond = threading.Condition()
         self._due: dict[LeaseKeeper, float] = {}
+        # when the timer thread wakes next: a keeper due later needs no wake-up call (the
+        # thread then waits again for the earliest one), so a short operation costs no
+        # thread switch
+        self._wake_at = _NEVER
 
     def add(self, keeper: LeaseKeeper, at: float) -> None:
         if self._pid != os.getpid():
@@ -75,13 +82,15 @@ class _Timers:
                     # may be held by a thread that does not exist here): start afresh.
                     self._cond = threading.Condition()
                     self._due = {}
+                    self._wake_at = _NEVER
                     threading.Thread(
                         target=self._run, name="dpone-lease-timer", daemon=True
                     ).start()
                     self._pid = os.getpid()
         with self._cond:
             self._due[keeper] = at
-            self._cond.notify()
+            if at < self._wake_at:
+                self._cond.notify()
 
     def remove(self, keeper: LeaseKeeper) -> None:
         with self._cond:
@@ -96,8 +105,10 @@ class _Timers:
                 for keeper in ready:
                     del due[keeper]
                 if not ready:
-                    cond.wait(min(due.values(), default=now + 3600.0) - now)
+                    self._wake_at = min(due.values(), default=now + 3600.0)
+                    cond.wait(self._wake_at - now)
                     continue
+                self._wake_at = _NEVER  # renewing: whoever adds next wakes the thread
             for keeper in ready:
                 keeper._start_renewing()
 
@@ -129,7 +140,9 @@ class LeaseKeeper:
         self._epoch = lease_epoch
         self._ttl = ttl_seconds
         self._interval = max(ttl_seconds / 3.0, 0.05)
-        self._stop = threading.Event()
+        self._stopped = False
+        # made only for a keeper that starts renewing (most never do)
+        self._stop: threading.Event | None = None
         self._state = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -144,20 +157,25 @@ class LeaseKeeper:
         tb: TracebackType | None,
     ) -> None:
         with self._state:
-            self._stop.set()
+            self._stopped = True
             thread = self._thread
+            if self._stop is not None:
+                self._stop.set()
         _TIMERS.remove(self)
         if thread is not None:
             thread.join(timeout=5)
 
     def _start_renewing(self) -> None:
         with self._state:
-            if self._stop.is_set():
+            if self._stopped:
                 return
-            self._thread = threading.Thread(target=self._run, name="dpone-lease", daemon=True)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop,), name="dpone-lease", daemon=True
+            )
             self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         while True:  # the first renewal is due now
             try:
                 self._journal.renew_lease(
@@ -174,5 +192,5 @@ class LeaseKeeper:
                 )
                 if isinstance(exc, LeaseHeld) or exc.code.value == "DPONE_LEASE_LOST":
                     return
-            if self._stop.wait(self._interval):
+            if stop.wait(self._interval):
                 return

@@ -145,10 +145,20 @@ class RunService:
             # a new run of a new operation: the protocol may write the run with its first
             # write (ADR 0008), or records it first (``decline``)
             folding = self._folding
-            tr.fold = RunFold(
-                write=folding.complete_run_writer(
+            # a ledger that writes the run and the entry born COMPLETE as one statement
+            # offers that writer (ADR 0011); it replaces the run's own writer
+            both = getattr(folding, "complete_run_entry_writer", None)
+            write: Callable[[object], None] = _unused_writer
+            create_complete: Callable[..., JournalEntry] | None = None
+            if both is not None:
+                create_complete = both(start, owner=self._owner, provenance=request.provenance)
+            else:
+                write = folding.complete_run_writer(
                     start, owner=self._owner, provenance=request.provenance
-                ),
+                )
+            tr.fold = RunFold(
+                write=write,
+                create_complete=create_complete,
                 decline=tr.ensure_run,
                 create_committing=lambda **entry: folding.create_committing_with_run(
                     start, provenance=request.provenance, **entry
@@ -227,6 +237,8 @@ class RunService:
         return attempt
 
     def _emit(self, run: RunRecord, event: str) -> None:
+        if not _log.info_enabled():
+            return  # the usual case for a library caller: build no record
         _log.info(
             "%s %s attempt %d (%s)",
             event,
@@ -309,6 +321,11 @@ class _Try:
         """Attempt 1 recorded with the entry (forward mode) is this try's, dispatched or not."""
         if self.fold is not None and self.fold.begun and not self.mine:
             self.mine.append(1)
+
+
+def _unused_writer(txn: object) -> None:
+    """``RunFold.write`` when ``create_complete`` writes the run (never called then)."""
+    raise AssertionError("the run is written with the entry (RunFold.create_complete)")
 
 
 def check_replay(run: RunRecord, start: RunStart) -> None:

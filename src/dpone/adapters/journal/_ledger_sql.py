@@ -31,6 +31,7 @@ __all__ = [
     "begin_run",
     "complete_run_params",
     "end_attempt",
+    "first_attempt_ctes",
     "first_attempt_sql",
     "get_run",
     "list_attempts",
@@ -283,17 +284,28 @@ def begin_run(cur: _Cursor, d: LedgerDialect, start: RunStart) -> tuple[RunRecor
 
 def complete_run_params(
     start: RunStart, *, owner: str, provenance: SafeMapping | None
-) -> tuple[object, ...]:
+) -> dict[str, object]:
     """Check a folded run's values (before any write); the parameters of
-    :func:`first_attempt_sql`."""
+    :func:`first_attempt_ctes` (named ``run_*``, so they join a journal statement's)."""
     check_start(start)
     _rules.safe_actor(owner)
     origin = safe_mapping(provenance, allowed=PROVENANCE_KEYS)
-    return (*_run_values(start), owner, _rules.encode_mapping(origin))
+    return {
+        "run_id": start.run_id,
+        "run_key": start.idempotency_key,
+        "run_operation_id": start.operation_id,
+        "run_request_hash": start.request_hash,
+        "run_definition_hash": start.definition_hash,
+        "run_access_digest": start.access_digest,
+        "run_access": _rules.encode_mapping(start.access),
+        "run_provenance": _rules.encode_mapping(start.provenance),
+        "run_owner": owner,
+        "run_attempt_provenance": _rules.encode_mapping(origin),
+    }
 
 
 def _run_values(start: RunStart) -> tuple[object, ...]:
-    """A new run's row values, in the column order ``begin_run`` and the folds insert."""
+    """A new run's row values, in the column order ``begin_run`` inserts."""
     return (
         start.run_id,
         start.idempotency_key,
@@ -306,27 +318,38 @@ def _run_values(start: RunStart) -> tuple[object, ...]:
     )
 
 
-def first_attempt_sql(d: LedgerDialect, *, complete: bool) -> str:
-    """A new run at attempt 1 with that attempt, both COMPLETE or both RUNNING (ADR 0008).
+def first_attempt_ctes(d: LedgerDialect, *, complete: bool) -> str:
+    """CTEs ``run`` and ``attempt``: a new run at attempt 1 with that attempt, both
+    COMPLETE or both RUNNING (ADR 0008). PostgreSQL only (data-modifying CTEs).
 
-    One statement (parameters: :func:`complete_run_params`), run inside the transaction
-    that also writes what the attempt did: the target transaction of a folded atomic
-    first attempt (COMPLETE), or the journal write that creates the entry COMMITTING
-    leased at epoch 1 (RUNNING). The run and its attempt exist exactly when that write
-    does. A key already recorded is a unique violation: the caller's transaction rolls
-    back and it takes the unfolded path.
+    Named parameters (:func:`complete_run_params`), so a journal statement can carry them
+    as its first CTEs (ADR 0011): they run inside the write that also records what the
+    attempt did, the entry born COMPLETE inside the target transaction of a folded atomic
+    first attempt, or the entry born COMMITTING leased at epoch 1 (forward mode). The run
+    and its attempt exist exactly when that write does. A key already recorded is a
+    unique violation: the whole statement (and its transaction) fails, and the caller
+    takes the unfolded path.
     """
-    j = d.json_param()
+    if not d.postgres:
+        raise ValueError("data-modifying CTEs need PostgreSQL")
     state = "'COMPLETE'" if complete else "'RUNNING'"
     ended = "NOW" if complete else "NULL"
     return d.sql(
-        "WITH run AS (INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, "
+        "run AS (INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, "
         "request_hash, definition_hash, access_digest, access, provenance, state, "
-        f"current_attempt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, {j}, {j}, "
-        f"{state}, 1, NOW, NOW) RETURNING run_id) "
-        "INSERT INTO dpone_run_attempts (run_id, attempt, owner, provenance, state, "
-        f"started_at, ended_at) SELECT run_id, 1, ?, {j}, {state}, NOW, {ended} FROM run"
+        "current_attempt, created_at, updated_at) VALUES (%(run_id)s, %(run_key)s, "
+        "%(run_operation_id)s, %(run_request_hash)s, %(run_definition_hash)s, "
+        "%(run_access_digest)s, %(run_access)s::jsonb, %(run_provenance)s::jsonb, "
+        f"{state}, 1, NOW, NOW) RETURNING run_id), "
+        "attempt AS (INSERT INTO dpone_run_attempts (run_id, attempt, owner, provenance, "
+        "state, started_at, ended_at) SELECT run_id, 1, %(run_owner)s, "
+        f"%(run_attempt_provenance)s::jsonb, {state}, NOW, {ended} FROM run)"
     )
+
+
+def first_attempt_sql(d: LedgerDialect, *, complete: bool) -> str:
+    """:func:`first_attempt_ctes` as a statement of its own (same parameters)."""
+    return f"WITH {first_attempt_ctes(d, complete=complete)} SELECT run_id FROM run"
 
 
 def get_run(cur: _Cursor, d: LedgerDialect, run_id: str) -> RunRecord | None:

@@ -403,9 +403,29 @@ def audit_record(
 
 
 # ------------------------------------------------------------------ storage encoding
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+# Encodings of mappings that repeat on every operation (provenance, access, evidence),
+# keyed by their items with each value's type (True and 1 hash alike, encode apart) and
+# a float by its text (0.0 and -0.0 compare equal, encode apart).
+_ENCODED: dict[tuple[tuple[str, type, object], ...], str] = {}
+_ENCODED_MAX = 1024
+
+
 def encode_mapping(values: SafeMapping) -> str:
     """Encode a safe mapping as canonical JSON text for storage."""
-    return json.dumps(dict(values), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    key = tuple(
+        [(k, v.__class__, repr(v) if v.__class__ is float else v) for k, v in values.items()]
+    )
+    try:
+        text = _ENCODED.get(key)
+    except TypeError:  # a value that is not a scalar: the encoder says what is wrong
+        return _ENCODER.encode(dict(values))
+    if text is None:
+        text = _ENCODER.encode(dict(values))
+        if len(_ENCODED) >= _ENCODED_MAX:
+            _ENCODED.clear()
+        _ENCODED[key] = text
+    return text
 
 
 def decode_mapping(text: str) -> SafeMapping:

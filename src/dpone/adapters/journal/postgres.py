@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -221,7 +220,9 @@ class _Statements:
     installed_version: str
     record_version: str
     create_intent: str
-    create_complete: str
+    born_complete: str
+    born_committing: str
+    #: templates: ``_cas_sql`` fills in the expected states, the next state and the steps
     cas: str
     cas_audited: str
     acquire: str
@@ -245,7 +246,7 @@ class _Statements:
         cas_head = f"""
             WITH moved AS (
                 UPDATE {j} AS j
-                SET previous_state = j.state, state = %(next_state)s, version = j.version + 1,
+                SET previous_state = j.state, state = @NEXT@, version = j.version + 1,
                     result = COALESCE(%(result)s::jsonb, j.result), updated_at = clock.now,
                     -- release_lease: the lease ends with this write, no second round trip
                     lease_owner = CASE WHEN %(release)s THEN NULL ELSE j.lease_owner END,
@@ -253,7 +254,7 @@ class _Statements:
                                             ELSE j.lease_expires_at END
                 FROM (SELECT clock_timestamp() AS now) AS clock
                 WHERE j.operation_id = %(operation_id)s AND j.version = %(expected_version)s
-                  AND j.state = ANY(%(expected_states)s::text[])
+                  AND j.state IN (@EXPECTED@)
                   AND j.lease_epoch = %(lease_epoch)s
                 RETURNING j.*
             ), history AS (
@@ -261,9 +262,7 @@ class _Statements:
                 SELECT m.operation_id, m.version, step.seq, step.from_state, step.to_state,
                        step.kind, %(actor)s, m.lease_epoch, %(evidence)s::jsonb, m.updated_at
                 FROM moved AS m
-                JOIN unnest(%(step_source)s::text[], %(step_seq)s::int[], %(step_from)s::text[],
-                            %(step_to)s::text[], %(step_kind)s::text[])
-                     AS step(source, seq, from_state, to_state, kind)
+                JOIN (VALUES @STEPS@) AS step(source, seq, from_state, to_state, kind)
                   ON step.source = m.previous_state
             )"""
         cas_tail = f"SELECT {_entry_columns('m')}, m.previous_state FROM moved AS m"
@@ -326,30 +325,9 @@ class _Statements:
             """,
             # An entry born past PREPARING, its whole history with it (ADR 0003): COMPLETE
             # inside the target transaction (atomic first attempt), or COMMITTING and
-            # leased (forward first attempt). No ON CONFLICT: an existing entry is a
-            # unique violation (inside a target transaction, it aborts the data too).
-            create_complete=f"""
-                WITH created AS (
-                    INSERT INTO {j} (operation_id, intent_digest, state, previous_state, version,
-                                     lease_owner, lease_epoch, lease_expires_at, metadata,
-                                     result, created_at, updated_at)
-                    SELECT %(operation_id)s, %(intent_digest)s, %(state)s, %(previous_state)s,
-                           %(version)s, %(owner)s::text, %(lease_epoch)s,
-                           clock.now + make_interval(secs => COALESCE(%(ttl)s::float8, 0)),
-                           %(metadata)s::jsonb, %(result)s::jsonb, clock.now, clock.now
-                    FROM (SELECT clock_timestamp() AS now) AS clock
-                    RETURNING *
-                ), history AS (
-                    INSERT INTO {t} ({_TRANSITION_INSERT})
-                    SELECT c.operation_id, step.version, step.seq, step.from_state, step.to_state,
-                           step.kind, step.actor, c.lease_epoch, step.evidence, c.created_at
-                    FROM created AS c
-                    CROSS JOIN jsonb_to_recordset(%(steps)s::jsonb)
-                         AS step(version bigint, seq int, from_state text, to_state text,
-                                 kind text, actor text, evidence jsonb)
-                )
-                SELECT {_entry_columns("c")} FROM created AS c
-            """,
+            # leased (forward first attempt).
+            born_complete=_born_statement(j, t, CommitState.COMPLETE),
+            born_committing=_born_statement(j, t, CommitState.COMMITTING),
             cas=cas_head + "\n" + cas_tail,
             cas_audited=cas_head + audit_cte + "\n" + cas_tail,
             # The lease predicate mirrors _rules.lease_is_free, judged by the server clock;
@@ -482,6 +460,107 @@ def _born_steps(state: CommitState) -> tuple[tuple[int, int, str | None, str, st
     )
 
 
+def _born_statement(j: str, t: str, state: CommitState, *, run_ctes: str = "") -> str:
+    """INSERT an entry born in ``state`` with its history, in ONE statement (ADR 0003).
+
+    The history rows are the constant ``_born_steps(state)``, written into the statement
+    as a VALUES list (not sent with every entry); per entry only the actor and the fold's
+    evidence vary. ``create`` has empty evidence and ``lease`` the owner and epoch, as
+    ``_rules.create_row`` and ``_rules.lease_row`` write them. Born COMPLETE the lease
+    has ended (no owner, expired at birth); born COMMITTING it is the actor's for
+    ``ttl`` seconds. ``run_ctes`` (``_ledger_sql.first_attempt_ctes``) come first: the
+    run and its attempt 1 commit with the entry or not at all (ADR 0011).
+
+    No ON CONFLICT: an existing entry (or run) is a unique violation, and inside a target
+    transaction it aborts the data too.
+    """
+    kinds = {"create": "'{}'::jsonb", "lease": _LEASE_EVIDENCE, "fold": "%(evidence)s::jsonb"}
+    steps = _born_steps(state)
+    values = ", ".join(
+        f"({version}, {seq}, {_literal(frm)}::text, {_literal(to)}, {_literal(kind)}, "
+        f"{kinds[kind]})"
+        for version, seq, frm, to, kind in steps
+    )
+    if state is CommitState.COMPLETE:
+        owner, ttl, result = "NULL::text", "0", "%(result)s::jsonb"
+    else:
+        owner, ttl, result = "%(actor)s", "%(ttl)s::float8", "NULL::jsonb"
+    head = f"WITH {run_ctes}, " if run_ctes else "WITH "
+    return f"""
+        {head}created AS (
+            INSERT INTO {j} (operation_id, intent_digest, state, previous_state, version,
+                             lease_owner, lease_epoch, lease_expires_at, metadata,
+                             result, created_at, updated_at)
+            SELECT %(operation_id)s, %(intent_digest)s, {_literal(state.value)},
+                   {_literal(CommitState.PREPARING.value)}, {_BORN_VERSION}, {owner}, 1,
+                   clock.now + make_interval(secs => {ttl}),
+                   %(metadata)s::jsonb, {result}, clock.now, clock.now
+            FROM (SELECT clock_timestamp() AS now) AS clock
+            RETURNING *
+        ), history AS (
+            INSERT INTO {t} ({_TRANSITION_INSERT})
+            SELECT c.operation_id, step.version, step.seq, step.from_state, step.to_state,
+                   step.kind, %(actor)s, c.lease_epoch, step.evidence, c.created_at
+            FROM created AS c
+            CROSS JOIN (VALUES {values})
+                 AS step(version, seq, from_state, to_state, kind, evidence)
+        )
+        SELECT {_entry_columns("c")} FROM created AS c
+    """
+
+
+#: The version an entry is born with past PREPARING: create and lease at 1, the fold at 2.
+_BORN_VERSION = 2
+#: ``_rules.lease_row``'s evidence for the lease granted at birth (epoch 1).
+_LEASE_EVIDENCE = "jsonb_build_object('owner', %(actor)s::text, 'lease_epoch', 1)"
+
+
+def _literal(text: str | None) -> str:
+    """A constant of this module (a state or kind name) as an SQL literal."""
+    return "NULL" if text is None else "'" + text.replace("'", "''") + "'"
+
+
+@lru_cache(maxsize=256)
+def _cas_sql(
+    sql: _Statements,
+    expected_states: frozenset[CommitState],
+    next_state: CommitState,
+    *,
+    audited: bool,
+) -> str:
+    """The CAS statement of one move, its history rows written in as constants.
+
+    The rows come from ``_rules.transition_rows`` for every state the entry may be in;
+    the statement keeps those of the state it actually left, so a CAS that accepts
+    several states records the exact (fold) path it took. They depend only on the move,
+    so they are built once per move and schema, not sent with every write.
+    """
+    steps: list[str] = []
+    for frm in sorted(expected_states, key=lambda s: s.value):
+        for t in _rules.transition_rows(
+            operation_id="-",
+            from_state=frm,
+            to_state=next_state,
+            version=0,  # the statement uses the new version
+            actor="-",
+            lease_epoch=0,
+            evidence=MappingProxyType({}),
+            at=0.0,  # and the server's time
+        ):
+            source = None if t.from_state is None else t.from_state.value
+            steps.append(
+                f"({_literal(frm.value)}::text, {t.seq}, {_literal(source)}::text, "
+                f"{_literal(t.to_state.value)}::text, {_literal(t.kind)}::text)"
+            )
+    expected = ", ".join(_literal(s.value) for s in sorted(expected_states, key=lambda s: s.value))
+    template = sql.cas_audited if audited else sql.cas
+    return (
+        template.replace("@EXPECTED@", expected)
+        .replace("@NEXT@", _literal(next_state.value))
+        .replace("@STEPS@", ", ".join(steps))
+    )
+
+
 # ---------------------------------------------------------------------- the adapter
 class PostgresCommitJournal:
     """A CommitJournalPort (transactional and folding, see the ports) in one PostgreSQL schema.
@@ -568,7 +647,19 @@ class PostgresCommitJournal:
             placeholder="%s", prefix=f'"{schema}".', now="now()", postgres=True
         )
         self._run_complete = _ledger_sql.first_attempt_sql(self._ledger_dialect, complete=True)
-        self._run_running = _ledger_sql.first_attempt_sql(self._ledger_dialect, complete=False)
+        # an entry born with its new run at attempt 1 (ADR 0011): COMPLETE with the run
+        # COMPLETE (atomic), COMMITTING with the run RUNNING (forward)
+        self._born_with_run = {
+            state: _born_statement(
+                f'"{schema}".dpone_journal',
+                f'"{schema}".dpone_transitions',
+                state,
+                run_ctes=_ledger_sql.first_attempt_ctes(
+                    self._ledger_dialect, complete=state is CommitState.COMPLETE
+                ),
+            )
+            for state in (CommitState.COMPLETE, CommitState.COMMITTING)
+        }
         # the run under a key and the operation's entry, side by side in one row
         self._find_run = (
             "SELECT r.*, e.* FROM (SELECT 1) AS one "
@@ -579,6 +670,8 @@ class PostgresCommitJournal:
             "AS j WHERE j.operation_id = %s) AS e ON true"
         )
         self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
+        # the last new run's checked values (``_run_params``)
+        self._run_memo: tuple[RunStart, str, SafeMapping | None, dict[str, object]] | None = None
         self._lock = threading.Lock()
         self._pool: ConnectionPool[_Conn] | None = None
         self._ledger_pool: ConnectionPool[_Conn] | None = None
@@ -769,7 +862,7 @@ class PostgresCommitJournal:
 
         def write(conn: _Conn) -> tuple[Any, ...] | None:
             try:
-                return conn.execute(self._sql.create_complete, params).fetchone()
+                return conn.execute(self._sql.born_committing, params).fetchone()
             except pg_errors.UniqueViolation:
                 # it exists (autocommit: nothing to roll back): answer with it
                 return conn.execute(self._sql.get, (operation_id,)).fetchone()
@@ -799,31 +892,24 @@ class PostgresCommitJournal:
 
         Forward mode's first attempt (ADR 0008): the run, its attempt 1 (the lease epoch
         the entry is born with, owned by ``actor``) and the entry COMMITTING commit
-        together, in one pipelined round trip and one WAL flush. When the entry or the
-        run already exists, nothing of this write is kept: the entry is then created (or
-        found) by ``create_committing`` alone and the second value is False (the caller
-        records the run the ordinary way). Returns and raises as
+        together: one statement (ADR 0011), one round trip and one WAL flush. When the
+        entry or the run already exists, nothing of this write is kept: the entry is then
+        created (or found) by ``create_committing`` alone and the second value is False
+        (the caller records the run the ordinary way). Returns and raises as
         ``FoldingLedgerPort.create_committing_with_run`` says.
         """
-        run_params = _ledger_sql.complete_run_params(start, owner=actor, provenance=provenance)
         params = self._committing_params(
             operation_id, intent_digest, metadata, actor, lease_ttl_seconds, evidence
         )
+        params.update(self._run_params(start, owner=actor, provenance=provenance))
+        statement = self._born_with_run[CommitState.COMMITTING]
 
         def write(conn: _Conn) -> tuple[Any, ...] | None:
+            # ONE statement (ADR 0011): on an autocommit session it is its own transaction
             try:
-                with conn.pipeline() as pipeline:
-                    conn.execute(b"BEGIN")
-                    conn.execute(self._run_running, run_params)
-                    cur = conn.execute(self._sql.create_complete, params)
-                    conn.execute(b"COMMIT")
-                    pipeline.sync()
-                    return cur.fetchone()
+                return conn.execute(statement, params).fetchone()
             except pg_errors.UniqueViolation:
-                # the entry or the run exists: nothing was kept; end the failed transaction
-                if conn.info.transaction_status is not TransactionStatus.IDLE:
-                    conn.execute(b"ROLLBACK")
-                return None
+                return None  # the entry or the run exists: nothing of this write was kept
 
         # Repeating is safe: a write that did commit makes the repeat a unique violation,
         # and the plain create below then finds the entry (ours: the caller resumes it).
@@ -1187,8 +1273,6 @@ class PostgresCommitJournal:
                 the transaction is aborted and the caller must roll it back.
             JournalUnavailable: the statement failed (the transaction is then aborted).
         """
-        if not isinstance(txn, psycopg.Connection):
-            raise TypeError("txn must be the target's psycopg.Connection")
         params = self._born_params(
             CommitState.COMPLETE,
             ttl=None,
@@ -1199,14 +1283,22 @@ class PostgresCommitJournal:
             result=result,
             evidence=evidence,
         )
+        return self._born_within(txn, self._sql.born_complete, params, "the journal entry")
+
+    def _born_within(
+        self, txn: object, statement: str, params: dict[str, Any], what: str
+    ) -> JournalEntry:
+        """Run the INSERT of an entry born COMPLETE in the target's open transaction."""
+        if not isinstance(txn, psycopg.Connection):
+            raise TypeError("txn must be the target's psycopg.Connection")
         self._check_txn(txn)
         try:
             with txn.cursor(row_factory=tuple_row) as cur:
-                row = cur.execute(self._sql.create_complete, params).fetchone()
+                row = cur.execute(statement, params).fetchone()
         except pg_errors.UniqueViolation as exc:
             raise JournalConflict(
-                "the journal entry was created by another executor first; read it and decide again",
-                operation_id=operation_id,
+                f"{what} was created by another executor first; read it and decide again",
+                operation_id=params["operation_id"],
             ) from exc
         except psycopg.Error as exc:
             raise self._translate(
@@ -1405,7 +1497,7 @@ class PostgresCommitJournal:
         is raised by the next statement that reads a result (the journal entry's INSERT,
         which turns a unique violation into ``JournalConflict``).
         """
-        params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
+        params = self._run_params(start, owner=owner, provenance=provenance)
         statement = self._run_complete
 
         def write(txn: object) -> None:
@@ -1424,6 +1516,62 @@ class PostgresCommitJournal:
                 raise self._translate(exc, "record the run in the target transaction") from exc
 
         return write
+
+    def complete_run_entry_writer(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
+    ) -> Callable[..., JournalEntry]:
+        """Check the run now; return the writer of the run AND the entry born COMPLETE.
+
+        ``complete_run_writer`` and ``create_complete_within`` as ONE statement (ADR
+        0011): the writer takes the target's open transaction and
+        ``create_complete_within``'s keyword arguments and inserts the run COMPLETE at
+        attempt 1, that attempt COMPLETE, the entry COMPLETE and its history. A unique
+        violation (the run's key or the entry exists) is ``JournalConflict``, as either
+        write alone raises it.
+
+        Raises:
+            UnsafeValue: provenance or access hold a secret-looking value (checked here,
+                before any write).
+        """
+        run_params = self._run_params(start, owner=owner, provenance=provenance)
+        statement = self._born_with_run[CommitState.COMPLETE]
+
+        def write(
+            txn: object,
+            *,
+            operation_id: str,
+            intent_digest: str,
+            metadata: Mapping[str, object],
+            actor: str,
+            result: Mapping[str, object],
+            evidence: Mapping[str, object] | None = None,
+        ) -> JournalEntry:
+            params = self._born_params(
+                CommitState.COMPLETE,
+                ttl=None,
+                operation_id=operation_id,
+                intent_digest=intent_digest,
+                metadata=metadata,
+                actor=actor,
+                result=result,
+                evidence=evidence,
+            )
+            params.update(run_params)
+            return self._born_within(txn, statement, params, "the journal entry or the run")
+
+        return write
+
+    def _run_params(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None
+    ) -> dict[str, object]:
+        """``complete_run_params``, checked once per run: the run service asks for both
+        folds of a new run (atomic and forward) before the protocol picks one."""
+        memo = self._run_memo
+        if memo is not None and memo[0] is start and memo[1] == owner and memo[2] is provenance:
+            return memo[3]
+        params = _ledger_sql.complete_run_params(start, owner=owner, provenance=provenance)
+        self._run_memo = (start, owner, provenance, params)
+        return params
 
     def _ledger(self, action: str, work: Callable[[_ledger_sql.LedgerDialect, _Conn], _T]) -> _T:
         """Run ledger statements in one transaction; every ledger write is repeatable."""
@@ -1514,46 +1662,25 @@ class PostgresCommitJournal:
         _rules.safe_actor(actor)
         if audit is not None:
             _rules.safe_audit(audit, "applied")
-        steps: list[Transition] = []
-        sources: list[str] = []
-        for frm in sorted(expected_states, key=lambda s: s.value):
-            rows = _rules.transition_rows(
-                operation_id=operation_id,
-                from_state=frm,
-                to_state=next_state,
-                version=0,  # the statement uses the new version
-                actor=actor,
-                lease_epoch=lease_epoch,
-                evidence=safe_evidence,
-                at=0.0,  # and the server's time
-            )
-            steps.extend(rows)
-            sources.extend(frm.value for _ in rows)
         params: dict[str, Any] = {
             "operation_id": operation_id,
             "expected_version": expected_version,
-            "expected_states": sorted(s.value for s in expected_states),
-            "next_state": next_state.value,
             "lease_epoch": lease_epoch,
             "release": bool(release_lease),
             "result": None if safe_result is None else _rules.encode_mapping(safe_result),
             "actor": actor,
             "evidence": _rules.encode_mapping(safe_evidence),
-            "step_source": sources,
-            "step_seq": [t.seq for t in steps],
-            "step_from": [None if t.from_state is None else t.from_state.value for t in steps],
-            "step_to": [t.to_state.value for t in steps],
-            "step_kind": [t.kind for t in steps],
         }
+        query = _cas_sql(self._sql, expected_states, next_state, audited=audit is not None)
         if audit is None:
-            return self._sql.cas, params
+            return query, params
         params.update(
             principal=audit.principal,
             action=audit.action,
             reason=audit.reason,
             attestation=audit.attestation,
         )
-        return self._sql.cas_audited, params
+        return query, params
 
     def _complete_statement(
         self,
@@ -1636,46 +1763,26 @@ class PostgresCommitJournal:
         evidence: Mapping[str, object] | None,
         ttl: float | None,
     ) -> dict[str, Any]:
-        """Check the values and build the history rows of an entry born in ``state``.
+        """Check the values of an entry born in ``state``: ``_born_statement``'s parameters.
 
-        Born COMPLETE the lease has ended (``ttl`` None); born COMMITTING it is the
-        actor's, for ``ttl`` seconds.
+        Born COMPLETE the lease has ended (``ttl`` None, no ``result`` needed otherwise);
+        born COMMITTING it is the actor's, for ``ttl`` seconds.
         """
         _rules.check_identity("operation_id", operation_id)
         _rules.check_identity("intent_digest", intent_digest)
         _rules.safe_actor(actor)
-        safe_evidence: dict[str, object] = dict(_rules.safe_values(evidence))
-        by_kind: dict[str, dict[str, object]] = {
-            "create": {},
-            "lease": {"owner": actor, "lease_epoch": 1},
-            "fold": safe_evidence,
-        }
-        steps = [
-            {
-                "version": version,
-                "seq": seq,
-                "from_state": frm,
-                "to_state": to,
-                "kind": kind,
-                "actor": actor,
-                "evidence": by_kind[kind],
-            }
-            for version, seq, frm, to, kind in _born_steps(state)
-        ]
-        return {
+        params: dict[str, Any] = {
             "operation_id": operation_id,
             "intent_digest": intent_digest,
-            "state": state.value,
-            "previous_state": CommitState.PREPARING.value,
-            "version": 2,
-            "owner": None if ttl is None else actor,
-            "lease_epoch": 1,
-            "ttl": ttl,
             "metadata": _rules.encode_mapping(_rules.safe_values(metadata)),
-            "result": None if result is None else _rules.encode_mapping(_rules.safe_values(result)),
-            # one JSON document, not seven arrays: cheaper to send than array literals
-            "steps": json.dumps(steps, ensure_ascii=False, allow_nan=False),
+            "actor": actor,
+            "evidence": _rules.encode_mapping(_rules.safe_values(evidence)),
         }
+        if state is CommitState.COMPLETE:
+            params["result"] = _rules.encode_mapping(_rules.safe_values(result))
+        else:
+            params["ttl"] = ttl
+        return params
 
     def _cas(
         self,
