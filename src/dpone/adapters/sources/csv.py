@@ -63,7 +63,7 @@ class CsvSource:
                 "the CSV delimiter must be one character (not a quote or line break)",
                 field="source.delimiter",
             )
-        self._path = Path(path)
+        self._path = path if isinstance(path, Path) else Path(path)
         self._delimiter = delimiter
         self._declared = declared_columns(columns) if columns is not None else None
         self._columns: tuple[Column, ...] | None = None
