@@ -6,6 +6,7 @@ lazily so that ``import dpone`` stays light.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any, cast
 import dpone
 from dpone.contracts.audit import Audits, CustomAudit
 from dpone.contracts.checkpoint import CheckpointAdvance, from_micros, stream_id, to_micros
+from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.fence import FenceCapability
 from dpone.contracts.identity import (
     CLI_DAG_ID,
@@ -881,12 +883,24 @@ def run_request(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         definition_hash=str(meta["pack_fingerprint"]),
-        provenance=provenance.record(),
-        access=AccessContext(
-            principal=_principal(provenance, env),
-            connections=_connection_names(workload, route, env),
+        provenance=_provenance_record(provenance),
+        access=_access_context(
+            _principal(provenance, env), _connection_names(workload, route, env)
         ),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _provenance_record(provenance: Provenance) -> SafeMapping:
+    # a Runner's operations share one provenance (frozen); its record (read-only, and
+    # checked for secrets once) is the same for each of them
+    return provenance.record()
+
+
+@functools.lru_cache(maxsize=64)
+def _access_context(principal: str, connections: tuple[str, ...]) -> AccessContext:
+    # frozen, and checked for secrets as it is made: one per principal and connections
+    return AccessContext(principal=principal, connections=connections)
 
 
 def api_provenance(caller: str = "python-api") -> ApiProvenance:

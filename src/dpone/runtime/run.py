@@ -18,6 +18,7 @@ before anything is dispatched on it. A replay of a key returns the existing run:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -77,6 +78,17 @@ class RunRequest:
     idempotency_key: str | None = None  # None: derived from the operation id
 
 
+@functools.lru_cache(maxsize=64)
+def _access_digest(access: AccessContext) -> str:
+    # a frozen value: the many runs of one Runner share it, and so its digest
+    return access.digest()
+
+
+@functools.lru_cache(maxsize=64)
+def _access_record(access: AccessContext) -> SafeMapping:
+    return access.record()  # read-only (a mapping proxy): shared safely
+
+
 def run_state_for(exc: BaseException) -> RunState:
     """The run state an error leaves: STOP errors need an operator, others are failures."""
     if isinstance(exc, DponeError) and exc.retryability is Retryability.STOP:
@@ -123,8 +135,8 @@ class RunService:
             operation_id=spec.operation_id,
             request_hash=request.request_hash,
             definition_hash=request.definition_hash,
-            access_digest=request.access.digest(),
-            access=request.access.record(),
+            access_digest=_access_digest(request.access),
+            access=_access_record(request.access),
             provenance=request.provenance,
         )
         return call_with_retries(
