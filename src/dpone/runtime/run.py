@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from dpone.contracts.evidence import SafeMapping
+from dpone.contracts.identity import is_operation_id
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.result import OperationResult
 from dpone.contracts.run import (
@@ -126,9 +127,13 @@ class RunService:
             DponeError: the protocol's error.
 
         """
-        key = check_idempotency_key(
-            request.idempotency_key or default_idempotency_key(spec.operation_id)
-        )
+        if request.idempotency_key or not is_operation_id(spec.operation_id):
+            key = check_idempotency_key(
+                request.idempotency_key or default_idempotency_key(spec.operation_id)
+            )
+        else:
+            # "op:sha256:<hex>": printable, short, and no secret pattern can match it
+            key = default_idempotency_key(spec.operation_id)
         start = RunStart(
             run_id=run_id_for(key),
             idempotency_key=key,

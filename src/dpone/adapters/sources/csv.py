@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from dpone.adapters.sources import _prefetch
 from dpone.adapters.sources._common import (
@@ -30,6 +30,9 @@ from dpone.adapters.sources._passthrough import CsvFileBytes
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
 from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsv
+
+if TYPE_CHECKING:
+    from _csv import Reader
 
 __all__ = ["SMALL_FILE_BYTES", "CsvRows", "CsvSource"]
 
@@ -195,18 +198,22 @@ class CsvSource:
             # the rows are parsed from the very bytes the identity was hashed from
             if small.identity != expected_identity:
                 raise changed_error(self._path)
-            yield from self._parse(io.StringIO(small.text, newline=""), names, batch_size)
+            # (columns() checked its header, in these very bytes)
+            reader = csv.reader(io.StringIO(small.text, newline=""), delimiter=self._delimiter)
+            next(reader)
+            yield from self._parse(reader, names, batch_size)
             return
         with open_hashed_text(self._path) as (text, hashing):
-            yield from self._parse(text, names, batch_size)
+            reader = csv.reader(text, delimiter=self._delimiter)
+            if self._header(reader) != names:
+                raise changed_error(self._path)
+            yield from self._parse(reader, names, batch_size)
             check_identity(hashing, expected_identity, self._path)
 
-    def _parse(self, text: TextIO, names: list[str], batch_size: int) -> Iterator[Batch]:
+    def _parse(self, reader: Reader, names: list[str], batch_size: int) -> Iterator[Batch]:
+        """The rows after the header, in batches; a row of another width names its line."""
         width = len(names)
         expected = {width}
-        reader = csv.reader(text, delimiter=self._delimiter)
-        if self._header(reader) != names:
-            raise changed_error(self._path)
         read = 0  # rows read after the header, blank ones included
         while True:
             try:
