@@ -656,8 +656,7 @@ class _Fixed:
     """
 
     __slots__ = (
-        "_columns",
-        "_schema",
+        "_last",
         "audits",
         "connector",
         "key",
@@ -705,13 +704,13 @@ class _Fixed:
             "pack_fingerprint": self.pack,
             "dpone_version": dpone.__version__,
         }
-        self._columns: tuple[Column, ...] | None = None
-        self._schema = ""
+        self._last: tuple[tuple[Column, ...], str] | None = None  # columns, fingerprint
 
     def schema_fingerprint(self, columns: tuple[Column, ...]) -> str:
         """The columns' fingerprint, after checking the load's key columns are there."""
-        if columns is self._columns or columns == self._columns:
-            return self._schema
+        last = self._last  # one reference: threads of one Runner may plan at once
+        if last is not None and (columns is last[0] or columns == last[0]):
+            return last[1]
         load = self.workload.load
         names = {c.name for c in columns}
         for needed, what in [(k, "load.key") for k in load.key] + (
@@ -724,7 +723,7 @@ class _Fixed:
                     hint=f"source columns are: {', '.join(c.name for c in columns)}",
                 )
         schema = digest_of({"columns": [[c.name, c.type.value] for c in columns]})
-        self._columns, self._schema = columns, schema
+        self._last = (columns, schema)
         return schema
 
 
