@@ -81,6 +81,7 @@ class Runner:
         # per-Runner constants of the run() hot path (``_policy_and_ledger``)
         self._hot: tuple[Workload, RetryPolicy, RunLedgerPort] | None = None
         self._default_provenance: Provenance | None = None
+        self._intervals: dict[str, Interval] = {}  # parsed intervals (frozen values)
         if isinstance(self.workload.target, RestTargetConfig):
             from dpone.config.delivery import open_rest_route
 
@@ -289,8 +290,10 @@ class Runner:
         """Choose the interval, open the source and plan the operation (no write)."""
         if interval is None:
             window = next_interval(self.workload, self._route, partition=partition)
+        elif isinstance(interval, str):
+            window = self._interval(interval)
         else:
-            window = parse_interval(interval) if isinstance(interval, str) else interval
+            window = interval
         source = open_source(self.workload, window, partition)
         spec = plan_operation(
             self.workload,
@@ -301,6 +304,16 @@ class Runner:
             context=context,
         )
         return source, spec
+
+    def _interval(self, text: str) -> Interval:
+        """``parse_interval(text)``; a Runner's operations often share their interval."""
+        window = self._intervals.get(text)
+        if window is None:
+            window = parse_interval(text)
+            if len(self._intervals) >= 64:
+                self._intervals.clear()
+            self._intervals[text] = window
+        return window
 
     def close(self) -> None:
         """Close the journal and target (or control-plane) connections. Idempotent."""

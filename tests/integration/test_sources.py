@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dpone.adapters.sources import csv as csv_source
 from dpone.adapters.sources.csv import CsvSource
 from dpone.adapters.sources.jsonl import JsonlSource
 from dpone.contracts.load import Column, ColumnType
@@ -102,6 +103,61 @@ def test_csv_line_numbers_count_multiline_fields(tmp_path: Path) -> None:
         _all(CsvSource(path), batch_size=2)
 
 
+_TRICKY = '\ufeffid,v\r\n1,"two\r\nlines"\r\n\r\n2,a\x0bb\u2028c\x1cd\r\n3,"q""uote"\r4,last'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [_TRICKY, "id,v\n1,a\n2,b,c\n", 'id,v\n1,"x\ny"\n2\n'],
+)
+def test_csv_small_file_read_whole_parses_as_the_stream_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """Read whole or streamed: the same columns, rows, and errors with the same lines."""
+    path = tmp_path / "a.csv"
+    path.write_bytes(text.encode("utf-8"))
+
+    def outcome(limit: int) -> object:
+        monkeypatch.setattr(csv_source, "SMALL_FILE_BYTES", limit)
+        try:
+            source = CsvSource(path)
+            return (source.columns(), _all(source, batch_size=2))
+        except SourceInvalid as exc:
+            return exc.message
+
+    whole = outcome(1 << 20)
+    assert whole == outcome(0)
+    assert isinstance(whole, tuple) is (text == _TRICKY)
+
+
+def test_csv_small_file_not_utf8_names_its_line(tmp_path: Path) -> None:
+    """Decoded whole, a small file's bad byte is reported on its own line."""
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"id,v\n1,ok\n2,\xff\n")
+    with pytest.raises(SourceInvalid, match="line 3 is not valid UTF-8"):
+        CsvSource(path).columns()
+
+
+def test_csv_small_file_is_opened_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns, identity and rows of a small file come from one open of the file."""
+    path = _write(tmp_path / "a.csv", "id,v\n1,a\n2,b\n")
+    opened: list[Path] = []
+    real = csv_source.read_small
+
+    def counting(at: Path, *, limit: int) -> object:
+        opened.append(at)
+        return real(at, limit=limit)
+
+    monkeypatch.setattr(csv_source, "read_small", counting)
+    monkeypatch.setattr(csv_source, "open_text", None)  # the streaming reads are not used
+    monkeypatch.setattr(csv_source, "open_hashed_text", None)
+    monkeypatch.setattr(csv_source, "file_identity", None)
+    source = CsvSource(path, columns={"id": "integer", "v": "text"})
+    assert [c.name for c in source.columns()] == ["id", "v"]
+    assert _rows(source) == [("1", "a"), ("2", "b")]
+    assert opened == [path]
+
+
 def test_csv_blank_lines_are_skipped(tmp_path: Path) -> None:
     """An empty line is not a row."""
     source = CsvSource(_write(tmp_path / "a.csv", "id,v\n1,a\n\n2,b\n\n"))
@@ -164,8 +220,22 @@ def test_snapshot_identity_is_the_sha256_of_the_bytes(tmp_path: Path) -> None:
     assert JsonlSource(path).snapshot_identity() == expected
 
 
-def test_csv_file_changed_before_reading(tmp_path: Path) -> None:
-    """Content other than the recorded snapshot raises after the last batch."""
+def test_csv_small_file_rows_are_the_bytes_its_identity_hashed(tmp_path: Path) -> None:
+    """A small file is read once: a change after its identity never reaches the rows."""
+    path = _write(tmp_path / "a.csv", "id\n1\n2\n")
+    source = CsvSource(path)
+    identity = source.snapshot_identity()
+    _write(path, "id\n1\n3\n")
+    assert list(source.batches(batch_size=1, expected_identity=identity)) == [[("1",)], [("2",)]]
+    # another snapshot than the one read: refused before any row
+    other = CsvSource(path)
+    with pytest.raises(SourceInvalid, match="source changed while it was read"):
+        next(other.batches(batch_size=1, expected_identity=identity))
+
+
+def test_csv_file_changed_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streamed (a large file): content other than the snapshot raises after the last batch."""
+    monkeypatch.setattr(csv_source, "SMALL_FILE_BYTES", 0)
     path = _write(tmp_path / "a.csv", "id\n1\n2\n")
     source = CsvSource(path)
     identity = source.snapshot_identity()
@@ -177,8 +247,9 @@ def test_csv_file_changed_before_reading(tmp_path: Path) -> None:
         next(batches)
 
 
-def test_csv_file_changed_while_reading(tmp_path: Path) -> None:
+def test_csv_file_changed_while_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows appended during the read are caught by the hash of the bytes actually read."""
+    monkeypatch.setattr(csv_source, "SMALL_FILE_BYTES", 0)  # streamed, not read whole
     path = _write(tmp_path / "a.csv", "id\n" + "".join(f"{i}\n" for i in range(50_000)))
     source = CsvSource(path)
     identity = source.snapshot_identity()

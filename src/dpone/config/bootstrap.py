@@ -6,6 +6,7 @@ lazily so that ``import dpone`` stays light.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any, cast
 import dpone
 from dpone.contracts.audit import Audits, CustomAudit
 from dpone.contracts.checkpoint import CheckpointAdvance, from_micros, stream_id, to_micros
+from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.fence import FenceCapability
 from dpone.contracts.identity import (
     CLI_DAG_ID,
@@ -291,23 +293,32 @@ def source_path(workload: Workload, window: Interval, partition: str | None) -> 
             field="source.path",
             hint="use {partition}, {start:%Y-%m-%d} or {end:%Y-%m-%d}",
         ) from None
+    if not filled.startswith(("~", "/")) and ".." not in filled:
+        # the common case, a file under the workload's directory: the directory is
+        # resolved once per workload, not once per operation (resolving walks every path
+        # component), and the path is parsed once
+        anchor = _anchor(workload)
+        if anchor is not None:
+            return Path(f"{anchor}/{filled}")
     path = Path(filled).expanduser()
     if path.is_absolute() or ".." in path.parts or not workload.base_dir.is_absolute():
         return workload.resolve_path(filled)
-    # the common case, a file under the workload's directory: the directory is resolved
-    # once per workload, not once per operation (resolving walks every path component)
-    return _anchor(workload) / path
+    return workload.base_dir.resolve() / path
 
 
-#: (id of a workload) -> (that workload, its resolved base directory); see source_path
-_ANCHORS: dict[int, tuple[Workload, Path]] = {}
+#: (id of a workload) -> (that workload, its resolved base directory, None when the
+#: base directory is relative); see source_path
+_ANCHORS: dict[int, tuple[Workload, str | None]] = {}
 
 
-def _anchor(workload: Workload) -> Path:
+def _anchor(workload: Workload) -> str | None:
     hit = _ANCHORS.get(id(workload))
     if hit is not None and hit[0] is workload:
         return hit[1]
-    anchor = workload.base_dir.resolve()
+    # without a trailing slash, so that the root directory does not give "//file"
+    anchor = (
+        str(workload.base_dir.resolve()).rstrip("/") if workload.base_dir.is_absolute() else None
+    )
     if len(_ANCHORS) >= 64:
         _ANCHORS.clear()
     _ANCHORS[id(workload)] = (workload, anchor)
@@ -600,60 +611,39 @@ def plan_operation(
     """Derive identity and intent, and build the load plan, for one operation."""
     ctx = context or RunContext()
     window = interval
-    target_identity = route.connector.target_identity()
+    fixed = _fixed(workload, route)
+    target_identity = fixed.target_identity
     operation_id = workload_operation_id(
         workload, ctx, partition=partition, window=window, target_identity=target_identity
     )
     columns: tuple[Column, ...] = source.columns()
+    schema_fingerprint = fixed.schema_fingerprint(columns)
     load = workload.load
-    names = {c.name for c in columns}
-    for needed, what in [(k, "load.key") for k in load.key] + (
-        [(load.interval_column, "load.interval_column")] if load.interval_column else []
-    ):
-        if needed not in names:
-            raise ConfigInvalid(
-                f"{what} names column {needed!r}, which the source does not have",
-                field=what,
-                hint=f"source columns are: {', '.join(c.name for c in columns)}",
-            )
-    table = getattr(workload.target, "table", "-")
     plan = LoadPlan(
-        table=table,
+        table=fixed.table,
         strategy=load.strategy,
         columns=columns,
-        key=tuple(load.key),
+        key=fixed.key,
         interval_column=load.interval_column,
         interval=window,
-        audits=_audits(workload),
+        audits=fixed.audits,
     )
     source_identity = source.snapshot_identity()
-    pack = _pack_fingerprint(workload, target_identity)
-    keys = ",".join(load.key)
-    strategy = f"{load.strategy.value}|key={keys}|interval_column={load.interval_column or ''}"
     intent_digest = derive_intent_digest(
-        pack_fingerprint=pack,
-        normalized_load_strategy=strategy,
+        pack_fingerprint=fixed.pack,
+        normalized_load_strategy=fixed.strategy,
         source_snapshot_identity=source_identity,
-        target_contract=f"{route.connector.kind}|{table}|{route.connector.capability.value}",
-        schema_fingerprint=digest_of({"columns": [[c.name, c.type.value] for c in columns]}),
+        target_contract=fixed.target_contract,
+        schema_fingerprint=schema_fingerprint,
     )
     metadata = {
-        "workload_id": workload.workload,
-        "release_id": workload.release,
-        "deployment_id": workload.deployment,
+        **fixed.metadata,
         "dag_id": ctx.dag_id,
         "dag_run": ctx.dag_run_logical_identity,
         "partition": partition or "-",
         "interval": window.canonical(),
-        "target_identity": target_identity,
-        "target_kind": route.connector.kind,
-        "capability": route.connector.capability.value,
-        "table": table,
-        "strategy": load.strategy.value,
         "source_kind": source.kind,
         "source_identity": source_identity,
-        "pack_fingerprint": pack,
-        "dpone_version": dpone.__version__,
     }
     return OperationSpec(
         operation_id=operation_id,
@@ -663,15 +653,104 @@ def plan_operation(
         source_identity=source_identity,
         batch_size=load.batch_size,
         lease_ttl_seconds=workload.lease_ttl_seconds,
-        checkpoint=_advance(workload, route, partition, window),
+        checkpoint=checkpoint_advance(workload, target_identity, partition, window),
     )
 
 
-def _advance(
-    workload: Workload, route: Route, partition: str | None, window: Interval
-) -> CheckpointAdvance | None:
-    """What this operation's COMPLETE promotes, for an incremental workload."""
-    return checkpoint_advance(workload, route.connector.target_identity(), partition, window)
+class _Fixed:
+    """What ``plan_operation`` derives from the workload and the route alone.
+
+    A Runner plans every operation from one frozen workload over one connector, so these
+    are computed once (``_fixed``), not once per operation; the schema fingerprint is
+    kept for the last column set seen (a source's columns rarely change between runs).
+    """
+
+    __slots__ = (
+        "_last",
+        "audits",
+        "connector",
+        "key",
+        "metadata",
+        "pack",
+        "strategy",
+        "table",
+        "target_contract",
+        "target_identity",
+        "workload",
+    )
+
+    def __init__(self, workload: Workload, route: Route) -> None:
+        connector = route.connector
+        load = workload.load
+        self.workload = workload
+        self.connector = connector
+        self.target_identity = connector.target_identity()
+        self.table: str = getattr(workload.target, "table", "-")
+        self.key = tuple(load.key)
+        self.audits = _audits(workload)
+        self.pack = _pack_fingerprint(workload, self.target_identity)
+        keys = ",".join(load.key)
+        self.strategy = (
+            f"{load.strategy.value}|key={keys}|interval_column={load.interval_column or ''}"
+        )
+        capability = connector.capability.value
+        self.target_contract = f"{connector.kind}|{self.table}|{capability}"
+        # metadata keys in the order the record always had (the rest is per operation)
+        self.metadata: dict[str, object] = {
+            "workload_id": workload.workload,
+            "release_id": workload.release,
+            "deployment_id": workload.deployment,
+            "dag_id": None,
+            "dag_run": None,
+            "partition": None,
+            "interval": None,
+            "target_identity": self.target_identity,
+            "target_kind": connector.kind,
+            "capability": capability,
+            "table": self.table,
+            "strategy": load.strategy.value,
+            "source_kind": None,
+            "source_identity": None,
+            "pack_fingerprint": self.pack,
+            "dpone_version": dpone.__version__,
+        }
+        self._last: tuple[tuple[Column, ...], str] | None = None  # columns, fingerprint
+
+    def schema_fingerprint(self, columns: tuple[Column, ...]) -> str:
+        """The columns' fingerprint, after checking the load's key columns are there."""
+        last = self._last  # one reference: threads of one Runner may plan at once
+        if last is not None and (columns is last[0] or columns == last[0]):
+            return last[1]
+        load = self.workload.load
+        names = {c.name for c in columns}
+        for needed, what in [(k, "load.key") for k in load.key] + (
+            [(load.interval_column, "load.interval_column")] if load.interval_column else []
+        ):
+            if needed not in names:
+                raise ConfigInvalid(
+                    f"{what} names column {needed!r}, which the source does not have",
+                    field=what,
+                    hint=f"source columns are: {', '.join(c.name for c in columns)}",
+                )
+        schema = digest_of({"columns": [[c.name, c.type.value] for c in columns]})
+        self._last = (columns, schema)
+        return schema
+
+
+#: (id of a workload, id of a connector) -> their ``_Fixed``; see ``_Fixed``
+_FIXED: dict[tuple[int, int], _Fixed] = {}
+
+
+def _fixed(workload: Workload, route: Route) -> _Fixed:
+    key = (id(workload), id(route.connector))
+    hit = _FIXED.get(key)
+    if hit is not None and hit.workload is workload and hit.connector is route.connector:
+        return hit
+    fixed = _Fixed(workload, route)
+    if len(_FIXED) >= 64:
+        _FIXED.clear()
+    _FIXED[key] = fixed
+    return fixed
 
 
 def checkpoint_advance(
@@ -813,12 +892,24 @@ def run_request(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         definition_hash=str(meta["pack_fingerprint"]),
-        provenance=provenance.record(),
-        access=AccessContext(
-            principal=_principal(provenance, env),
-            connections=_connection_names(workload, route, env),
+        provenance=_provenance_record(provenance),
+        access=_access_context(
+            _principal(provenance, env), _connection_names(workload, route, env)
         ),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _provenance_record(provenance: Provenance) -> SafeMapping:
+    # a Runner's operations share one provenance (frozen); its record (read-only, and
+    # checked for secrets once) is the same for each of them
+    return provenance.record()
+
+
+@functools.lru_cache(maxsize=64)
+def _access_context(principal: str, connections: tuple[str, ...]) -> AccessContext:
+    # frozen, and checked for secrets as it is made: one per principal and connections
+    return AccessContext(principal=principal, connections=connections)
 
 
 def api_provenance(caller: str = "python-api") -> ApiProvenance:

@@ -18,11 +18,13 @@ before anything is dispatched on it. A replay of a key returns the existing run:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from dpone.contracts.evidence import SafeMapping
+from dpone.contracts.identity import is_operation_id
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.result import OperationResult
 from dpone.contracts.run import (
@@ -77,6 +79,17 @@ class RunRequest:
     idempotency_key: str | None = None  # None: derived from the operation id
 
 
+@functools.lru_cache(maxsize=64)
+def _access_digest(access: AccessContext) -> str:
+    # a frozen value: the many runs of one Runner share it, and so its digest
+    return access.digest()
+
+
+@functools.lru_cache(maxsize=64)
+def _access_record(access: AccessContext) -> SafeMapping:
+    return access.record()  # read-only (a mapping proxy): shared safely
+
+
 def run_state_for(exc: BaseException) -> RunState:
     """The run state an error leaves: STOP errors need an operator, others are failures."""
     if isinstance(exc, DponeError) and exc.retryability is Retryability.STOP:
@@ -114,17 +127,21 @@ class RunService:
             DponeError: the protocol's error.
 
         """
-        key = check_idempotency_key(
-            request.idempotency_key or default_idempotency_key(spec.operation_id)
-        )
+        if request.idempotency_key or not is_operation_id(spec.operation_id):
+            key = check_idempotency_key(
+                request.idempotency_key or default_idempotency_key(spec.operation_id)
+            )
+        else:
+            # "op:sha256:<hex>": printable, short, and no secret pattern can match it
+            key = default_idempotency_key(spec.operation_id)
         start = RunStart(
             run_id=run_id_for(key),
             idempotency_key=key,
             operation_id=spec.operation_id,
             request_hash=request.request_hash,
             definition_hash=request.definition_hash,
-            access_digest=request.access.digest(),
-            access=request.access.record(),
+            access_digest=_access_digest(request.access),
+            access=_access_record(request.access),
             provenance=request.provenance,
         )
         return call_with_retries(

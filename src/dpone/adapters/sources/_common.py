@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dpone.adapters.sources._prefetch import hash_file, take_prefetched
+from dpone.adapters.sources._prefetch import hash_file, settled, take_prefetched
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
 
@@ -18,6 +20,7 @@ __all__ = [
     "CHUNK_SIZE",
     "SAMPLE_ROWS",
     "HashingReader",
+    "SmallFile",
     "changed_error",
     "check_identity",
     "columns_of",
@@ -28,6 +31,7 @@ __all__ = [
     "open_hashed_text",
     "open_raw",
     "open_text",
+    "read_small",
 ]
 
 CHUNK_SIZE = 1 << 20
@@ -67,6 +71,65 @@ def _hash_file(path: Path) -> str:
             f"source file {str(path)!r} could not be read ({type(exc).__name__})"
         ) from exc
     return digest
+
+
+class SmallFile:
+    """A whole small file read once: its text and the identity of exactly those bytes.
+
+    ``state`` is the file's (device, inode, size, mtime, ctime) while it was read;
+    ``settled`` says it had not been written for ``_prefetch.RACY_NS`` before the read
+    (the stat then vouches for the bytes, ADR 0004).
+    """
+
+    __slots__ = ("identity", "settled", "state", "text")
+
+    def __init__(self, text: str, identity: str, state: tuple[int, ...], *, settled: bool) -> None:
+        self.text = text
+        self.identity = identity
+        self.state = state
+        self.settled = settled
+
+
+def read_small(path: Path, *, limit: int) -> SmallFile | None:
+    """Read a file of at most ``limit`` bytes whole, with one open; None for a larger one.
+
+    The identity is the hash of the bytes read, and the text is decoded from those same
+    bytes, so what is parsed is what is hashed. A larger file (or one that grew past
+    ``limit`` while read) is left to the streaming path.
+
+    Raises:
+        SourceInvalid: the file cannot be opened or read, or is not UTF-8.
+    """
+    now = time.time_ns()  # before the stat: a later write is stamped at least this
+    with open_raw(path) as raw:
+        before = os.fstat(raw.fileno())
+        if before.st_size > limit:
+            return None
+        try:
+            data = raw.readall()
+        except OSError as exc:
+            raise SourceInvalid(
+                f"source file {str(path)!r} could not be read ({type(exc).__name__})"
+            ) from exc
+        after = os.fstat(raw.fileno())
+    if len(data) > limit:
+        return None
+    state = _state(before)
+    try:
+        # utf-8-sig drops a byte order mark, as the streaming path's reader does
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise decode_error(path, data.count(b"\n", 0, exc.start) + 1) from None
+    return SmallFile(
+        text,
+        "sha256:" + hashlib.sha256(data).hexdigest(),
+        state,
+        settled=settled(state, now) and _state(after) == state and len(data) == before.st_size,
+    )
+
+
+def _state(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class HashingReader(io.RawIOBase):

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
+from dpone.adapters.sources import _prefetch
 from dpone.adapters.sources._common import (
+    CHUNK_SIZE,
     SAMPLE_ROWS,
+    SmallFile,
     changed_error,
     check_identity,
     columns_of,
@@ -18,15 +24,24 @@ from dpone.adapters.sources._common import (
     infer_type,
     open_hashed_text,
     open_text,
+    read_small,
 )
 from dpone.adapters.sources._passthrough import CsvFileBytes
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
 from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsv
 
-__all__ = ["CsvRows", "CsvSource"]
+if TYPE_CHECKING:
+    from _csv import Reader
+
+__all__ = ["SMALL_FILE_BYTES", "CsvRows", "CsvSource"]
 
 Batch = list[tuple[object, ...]]
+
+#: A file of at most this many bytes is read once, whole: hashed for its identity, and
+#: its header and rows parsed from those same bytes (one open per operation). A larger
+#: file is streamed, hashed as it is read, and checked against the identity at its end.
+SMALL_FILE_BYTES = CHUNK_SIZE
 
 
 class CsvSource:
@@ -51,10 +66,12 @@ class CsvSource:
                 "the CSV delimiter must be one character (not a quote or line break)",
                 field="source.delimiter",
             )
-        self._path = Path(path)
+        self._path = path if isinstance(path, Path) else Path(path)
         self._delimiter = delimiter
         self._declared = declared_columns(columns) if columns is not None else None
         self._columns: tuple[Column, ...] | None = None
+        self._small: SmallFile | None = None
+        self._large = False  # looked: larger than SMALL_FILE_BYTES, so streamed
 
     @property
     def kind(self) -> str:
@@ -67,13 +84,35 @@ class CsvSource:
         return self._path
 
     def snapshot_identity(self) -> str:
-        """Return ``sha256:<hex>`` of the file's bytes."""
-        return file_identity(self._path)
+        """Return ``sha256:<hex>`` of the file's bytes.
+
+        A small file's bytes are read here once and kept: its rows are those bytes.
+        """
+        small = self._small_file()
+        return small.identity if small is not None else file_identity(self._path)
+
+    def _small_file(self) -> SmallFile | None:
+        """The file read whole, once per source, if it is small (else None: streamed)."""
+        if self._small is None and not self._large:
+            self._small = read_small(self._path, limit=SMALL_FILE_BYTES)
+            self._large = self._small is None
+        return self._small
+
+    @contextmanager
+    def _text(self) -> Iterator[TextIO]:
+        """The file as text for the header, a sample or a line number (no hashing)."""
+        small = self._small_file()
+        if small is not None:
+            # newline="": line endings reach the csv module as they are, as from the file
+            yield io.StringIO(small.text, newline="")
+            return
+        with open_text(self._path) as text:
+            yield text
 
     def columns(self) -> tuple[Column, ...]:
         """Return the header's columns with declared or inferred types."""
         if self._columns is None:
-            with open_text(self._path) as text:
+            with self._text() as text:
                 reader = csv.reader(text, delimiter=self._delimiter)
                 header = self._header(reader)
                 if self._declared is not None:
@@ -154,35 +193,54 @@ class CsvSource:
         if batch_size < 1:
             raise ConfigInvalid("batch_size must be at least 1", field="load.batch_size")
         names = [c.name for c in self.columns()]
-        width = len(names)
-        expected = {width}
+        small = self._small_file()
+        if small is not None:
+            # the rows are parsed from the very bytes the identity was hashed from
+            if small.identity != expected_identity:
+                raise changed_error(self._path)
+            # (columns() checked its header, in these very bytes)
+            reader = csv.reader(io.StringIO(small.text, newline=""), delimiter=self._delimiter)
+            next(reader)
+            yield from self._parse(reader, names, batch_size)
+            return
         with open_hashed_text(self._path) as (text, hashing):
             reader = csv.reader(text, delimiter=self._delimiter)
             if self._header(reader) != names:
                 raise changed_error(self._path)
-            read = 0  # rows read after the header, blank ones included
-            while True:
-                try:
-                    batch: Batch = list(map(tuple, islice(reader, batch_size)))
-                except UnicodeDecodeError as exc:
-                    raise decode_error(self._path, reader.line_num + 1) from exc
-                except csv.Error as exc:
-                    raise self._malformed(reader.line_num, exc) from exc
-                if not batch:
-                    break
-                first, read = read, read + len(batch)
-                # One C-level pass over the lengths; Python looks at rows only on a mismatch.
-                if set(map(len, batch)) != expected:
-                    batch = self._without_blank_rows(batch, width, first_row=first)
-                    if not batch:
-                        continue
-                yield batch
+            yield from self._parse(reader, names, batch_size)
             check_identity(hashing, expected_identity, self._path)
+
+    def _parse(self, reader: Reader, names: list[str], batch_size: int) -> Iterator[Batch]:
+        """The rows after the header, in batches; a row of another width names its line."""
+        width = len(names)
+        expected = {width}
+        read = 0  # rows read after the header, blank ones included
+        while True:
+            try:
+                batch: Batch = list(map(tuple, islice(reader, batch_size)))
+            except UnicodeDecodeError as exc:
+                raise decode_error(self._path, reader.line_num + 1) from exc
+            except csv.Error as exc:
+                raise self._malformed(reader.line_num, exc) from exc
+            if not batch:
+                break
+            first, read = read, read + len(batch)
+            # One C-level pass over the lengths; Python looks at rows only on a mismatch.
+            if set(map(len, batch)) != expected:
+                batch = self._without_blank_rows(batch, width, first_row=first)
+                if not batch:
+                    continue
+            yield batch
 
     def raw_csv(self, expected_identity: str) -> RawCsv | None:
         """Return the file as raw bytes for a target's CSV parser, when the delimiter allows."""
         if self._delimiter not in RAW_CSV_DELIMITERS:
             return None
+        small = self._small
+        if small is not None and small.settled and small.identity == expected_identity:
+            # the identity was hashed from the file when it had this stat, settled: the
+            # same fact a hash through _prefetch.hash_file records (ADR 0004)
+            _prefetch._vouch(self._path, small.state, small.identity)
         return CsvFileBytes(
             self._path,
             delimiter=self._delimiter,
@@ -203,7 +261,7 @@ class CsvSource:
 
     def _line_of(self, row_index: int) -> int:
         """Return the line on which data row ``row_index`` (0-based) ends, by reading again."""
-        with open_text(self._path) as text:
+        with self._text() as text:
             reader = csv.reader(text, delimiter=self._delimiter)
             for _ in islice(reader, row_index + 2):  # the header, then rows up to the one
                 pass
