@@ -5,7 +5,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["FenceCapability", "FenceObservation", "FenceStatus", "SealOutcome", "SealResult"]
+from dpone.errors import FencedOut, IntentConflict
+
+__all__ = [
+    "FenceCapability",
+    "FenceObservation",
+    "FenceStatus",
+    "SealOutcome",
+    "SealResult",
+    "require_prepared",
+]
 
 
 class FenceCapability(str, enum.Enum):
@@ -40,6 +49,27 @@ class FenceObservation:
     intent_digest: str | None = None
     row_count: int | None = None
     content_digest: str | None = None
+
+
+def require_prepared(
+    current: FenceObservation, *, operation_id: str, intent_digest: str, epoch: int
+) -> None:
+    """Refuse a write unless the locked fence is PREPARED at ``epoch`` for this intent.
+
+    Every transactional-marker connector asks this under its fence lock, before any row.
+    """
+    if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
+        at = f" at epoch {current.epoch}" if current.epoch is not None else ""
+        raise FencedOut(
+            f"the fence is {current.status.value}{at}, not prepared at this "
+            f"executor's epoch {epoch}; nothing was written",
+            operation_id=operation_id,
+        )
+    if current.intent_digest not in (None, intent_digest):
+        raise IntentConflict(
+            "the fence was prepared for another intent digest; nothing was written",
+            operation_id=operation_id,
+        )
 
 
 class SealOutcome(str, enum.Enum):

@@ -26,6 +26,7 @@ from dpone.contracts.fence import (
     FenceStatus,
     SealOutcome,
     SealResult,
+    require_prepared,
 )
 from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
 from dpone.errors import (
@@ -33,7 +34,6 @@ from dpone.errors import (
     DponeError,
     FencedOut,
     FenceUnavailable,
-    IntentConflict,
     TargetSchemaMismatch,
     TargetWriteFailed,
 )
@@ -475,17 +475,10 @@ def _lock_prepared(
         [_token(), operation_id, epoch],
     )
     current = _observation(_read_fence(conn, operation_id))
-    if locked != 1:
-        at = f" at epoch {current.epoch}" if current.epoch is not None else ""
+    require_prepared(current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch)
+    if locked != 1:  # read prepared at epoch in this transaction: impossible; refuse
         raise FencedOut(
-            f"the fence is {current.status.value}{at}, not prepared at this "
-            f"executor's epoch {epoch}; nothing was written",
-            operation_id=operation_id,
-        )
-    if current.intent_digest not in (None, intent_digest):
-        raise IntentConflict(
-            "the fence was prepared for another intent digest; nothing was written",
-            operation_id=operation_id,
+            "the fence moved during the write; nothing was written", operation_id=operation_id
         )
 
 

@@ -26,6 +26,7 @@ from dpone.contracts.fence import (
     FenceStatus,
     SealOutcome,
     SealResult,
+    require_prepared,
 )
 from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
 from dpone.errors import (
@@ -33,7 +34,6 @@ from dpone.errors import (
     DponeError,
     FencedOut,
     FenceUnavailable,
-    IntentConflict,
     TargetSchemaMismatch,
     TargetWriteFailed,
 )
@@ -1004,18 +1004,9 @@ class MariaDbConnector:
                     current, _ = self._lock_fence(
                         cur, operation_id, intent_digest=None, epoch=epoch, insert=False
                     )
-                if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
-                    at = f" at epoch {current.epoch}" if current.epoch is not None else ""
-                    raise FencedOut(
-                        f"the fence is {current.status.value}{at}, not prepared at this "
-                        f"executor's epoch {epoch}; nothing was written",
-                        operation_id=operation_id,
-                    )
-                if current.intent_digest not in (None, intent_digest):
-                    raise IntentConflict(
-                        "the fence was prepared for another intent digest; nothing was written",
-                        operation_id=operation_id,
-                    )
+                require_prepared(
+                    current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
+                )
                 count = self._load(cur, checked, plan, batches, operation_id=operation_id)
                 _audit(cur, plan, checked.table, count, operation_id)
                 cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))

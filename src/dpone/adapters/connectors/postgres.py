@@ -28,6 +28,7 @@ from dpone.contracts.fence import (
     FenceStatus,
     SealOutcome,
     SealResult,
+    require_prepared,
 )
 from dpone.contracts.load import (
     IDENTIFIER_RE,
@@ -41,7 +42,6 @@ from dpone.errors import (
     DponeError,
     FencedOut,
     FenceUnavailable,
-    IntentConflict,
     TargetSchemaMismatch,
     TargetWriteFailed,
 )
@@ -720,24 +720,6 @@ def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
         pass
 
 
-def _check_fence(
-    current: FenceObservation, *, operation_id: str, intent_digest: str, epoch: int
-) -> None:
-    """Refuse the write unless the locked fence is PREPARED at ``epoch`` for this intent."""
-    if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
-        at = f" at epoch {current.epoch}" if current.epoch is not None else ""
-        raise FencedOut(
-            f"the fence is {current.status.value}{at}, not prepared at this "
-            f"executor's epoch {epoch}; nothing was written",
-            operation_id=operation_id,
-        )
-    if current.intent_digest not in (None, intent_digest):
-        raise IntentConflict(
-            "the fence was prepared for another intent digest; nothing was written",
-            operation_id=operation_id,
-        )
-
-
 def _check_marked(rowcount: int, *, operation_id: str) -> None:
     if rowcount != 1:  # impossible under the row lock; refuse, never guess
         raise FencedOut(
@@ -1149,7 +1131,7 @@ class PostgresConnector:
                         epoch=epoch,
                         prepare=prepare,
                     )
-                    _check_fence(
+                    require_prepared(
                         current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
                     )
                     if key not in self._verified and self._prepare_table(cur, checked, plan.table):
@@ -1240,7 +1222,7 @@ class PostgresConnector:
                 if cur.fetchone() is None:
                     # Refused: the statement holds the row lock, so this read is current.
                     current = _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
-                    _check_fence(
+                    require_prepared(
                         current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
                     )
                     _check_marked(0, operation_id=operation_id)  # never reached: refused

@@ -23,6 +23,7 @@ from dpone.contracts.fence import (
     FenceStatus,
     SealOutcome,
     SealResult,
+    require_prepared,
 )
 from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
 from dpone.errors import (
@@ -30,7 +31,6 @@ from dpone.errors import (
     DponeError,
     FencedOut,
     FenceUnavailable,
-    IntentConflict,
     TargetSchemaMismatch,
     TargetWriteFailed,
 )
@@ -631,18 +631,9 @@ class SqliteConnector:
                 # under the same write lock as the data: no window between the two
                 _prepare_in(conn, operation_id, intent_digest, epoch)
             current = _observation(_read_fence(conn, operation_id))
-            if current.status is not FenceStatus.PREPARED or current.epoch != epoch:
-                at = f" at epoch {current.epoch}" if current.epoch is not None else ""
-                raise FencedOut(
-                    f"the fence is {current.status.value}{at}, not prepared at this "
-                    f"executor's epoch {epoch}; nothing was written",
-                    operation_id=operation_id,
-                )
-            if current.intent_digest not in (None, intent_digest):
-                raise IntentConflict(
-                    "the fence was prepared for another intent digest; nothing was written",
-                    operation_id=operation_id,
-                )
+            require_prepared(
+                current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
+            )
             existing = _table_columns(conn, table)
             if existing.names:
                 _check_columns(existing, plan, table)
