@@ -348,10 +348,9 @@ def test_a_quiet_run_in_a_pipeline_never_imports_rich(tmp_path: Path) -> None:
     probe = (
         "import runpy, sys\n"
         "sys.argv = ['dpone', *sys.argv[1:]]\n"
-        "try:\n"
-        "    runpy.run_module('dpone', run_name='__main__')\n"
-        "finally:\n"
-        "    print('rich loaded:', 'rich' in sys.modules)\n"
+        "import atexit\n"
+        "atexit.register(lambda: print('rich loaded:', 'rich' in sys.modules))\n"
+        "runpy.run_module('dpone', run_name='__main__')\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR")}
 
@@ -435,10 +434,9 @@ def test_dpone_run_imports_nothing_the_load_does_not_use(tmp_path: Path, target:
         "import json, sys\n"
         "sys.argv = ['dpone', *sys.argv[1:]]\n"
         "from dpone.cli.entry import main\n"
-        "try:\n"
-        "    main()\n"
-        "finally:\n"
-        "    print(json.dumps(sorted(sys.modules)))\n"
+        "import atexit\n"
+        "atexit.register(lambda: print(json.dumps(sorted(sys.modules))))\n"
+        "main()\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
     done = subprocess.run(
@@ -515,10 +513,9 @@ def test_dpone_run_into_postgres_builds_no_pool(
         "import json, sys, threading\n"
         "sys.argv = ['dpone', *sys.argv[1:]]\n"
         "from dpone.cli.entry import main\n"
-        "try:\n"
-        "    main()\n"
-        "finally:\n"
-        "    print(json.dumps(sorted(sys.modules)))\n"
+        "import atexit\n"
+        "atexit.register(lambda: print(json.dumps(sorted(sys.modules))))\n"
+        "main()\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
     done = subprocess.run(
@@ -537,3 +534,53 @@ def test_dpone_run_into_postgres_builds_no_pool(
     loaded = set(json.loads(modules))
     assert "dpone.adapters.journal.postgres" in loaded
     assert "psycopg_pool" not in loaded
+
+
+def test_a_finished_run_exits_at_once_with_atexit_handlers_output_and_code(
+    tmp_path: Path,
+) -> None:
+    """The fast exit skips teardown only: atexit handlers run, output is whole, codes hold."""
+    write_orders_csv(tmp_path / "orders.csv", 20)
+    wl = _workload(tmp_path, "orders.csv", "journal: sqlite:///j.db\n")
+    probe = (
+        "import atexit, sys, threading, time\n"
+        "from pathlib import Path\n"
+        "atexit.register(lambda: Path('atexit.txt').write_text('ran'))\n"
+        "if sys.argv[1] == 'thread':\n"
+        "    def late():\n"
+        "        time.sleep(0.5)\n"
+        "        Path('thread.txt').write_text('finished')\n"
+        "    threading.Thread(target=late, daemon=False).start()\n"
+        "sys.argv = ['dpone', *sys.argv[2:]]\n"
+        "from dpone.cli.entry import main\n"
+        "main()\n"
+    )
+
+    def dpone(mode: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe, mode, *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    run = ["run", str(wl), "--interval", "2026-11-01/2026-11-02", "--no-progress", "-q"]
+    done = dpone("plain", *run)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("COMPLETE ")
+    assert done.stdout.endswith("\n")
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    (tmp_path / "atexit.txt").unlink()
+    # a non-daemon thread still running: the process waits for it, as a normal exit does
+    done = dpone("thread", *run)
+    assert done.returncode == 0, done.stderr
+    assert "already complete" in done.stdout
+    assert (tmp_path / "thread.txt").read_text() == "finished"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    # an error keeps its exit code and its whole message
+    done = dpone("plain", "run", str(tmp_path / "nope.yaml"), "--interval", "2026-11-01/2026-11-02")
+    assert done.returncode == 2
+    assert "DPONE_CONFIG_INVALID" in done.stderr
+    assert done.stderr.endswith("\n")

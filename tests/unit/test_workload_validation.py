@@ -176,13 +176,13 @@ def test_dpone_run_of_a_csv_to_sqlite_workload_never_imports_pydantic(tmp_path: 
         encoding="utf-8",
     )
     probe = (
-        "import runpy, sys\n"
+        "import atexit, runpy, sys\n"
         "sys.argv = ['dpone', *sys.argv[1:]]\n"
-        "try:\n"
-        "    runpy.run_module('dpone', run_name='__main__')\n"
-        "finally:\n"
-        "    heavy = ('pydantic', 'pydantic_core', 'annotated_types')\n"
-        "    print('loaded:', [m for m in heavy if m in sys.modules], 'msgspec' in sys.modules)\n"
+        "heavy = ('pydantic', 'pydantic_core', 'annotated_types')\n"
+        "atexit.register(lambda: print(\n"
+        "    'loaded:', [m for m in heavy if m in sys.modules], 'msgspec' in sys.modules\n"
+        "))\n"
+        "runpy.run_module('dpone', run_name='__main__')\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe, "run", "w.yaml", "--interval", "2026-11-01/2026-11-02"],
