@@ -8,7 +8,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -1273,6 +1273,33 @@ class PostgresCommitJournal:
                 the transaction is aborted and the caller must roll it back.
             JournalUnavailable: the statement failed (the transaction is then aborted).
         """
+        return self._complete_within(
+            txn,
+            statement=self._sql.born_complete,
+            what="the journal entry",
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=result,
+            evidence=evidence,
+        )
+
+    def _complete_within(
+        self,
+        txn: object,
+        *,
+        statement: str,
+        what: str,
+        run_params: Mapping[str, object] | None = None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> JournalEntry:
+        """Insert the entry born COMPLETE (and the run, given ``run_params``) in ``txn``."""
         params = self._born_params(
             CommitState.COMPLETE,
             ttl=None,
@@ -1283,7 +1310,9 @@ class PostgresCommitJournal:
             result=result,
             evidence=evidence,
         )
-        return self._born_within(txn, self._sql.born_complete, params, "the journal entry")
+        if run_params is not None:
+            params.update(run_params)
+        return self._born_within(txn, statement, params, what)
 
     def _born_within(
         self, txn: object, statement: str, params: dict[str, Any], what: str
@@ -1533,33 +1562,12 @@ class PostgresCommitJournal:
             UnsafeValue: provenance or access hold a secret-looking value (checked here,
                 before any write).
         """
-        run_params = self._run_params(start, owner=owner, provenance=provenance)
-        statement = self._born_with_run[CommitState.COMPLETE]
-
-        def write(
-            txn: object,
-            *,
-            operation_id: str,
-            intent_digest: str,
-            metadata: Mapping[str, object],
-            actor: str,
-            result: Mapping[str, object],
-            evidence: Mapping[str, object] | None = None,
-        ) -> JournalEntry:
-            params = self._born_params(
-                CommitState.COMPLETE,
-                ttl=None,
-                operation_id=operation_id,
-                intent_digest=intent_digest,
-                metadata=metadata,
-                actor=actor,
-                result=result,
-                evidence=evidence,
-            )
-            params.update(run_params)
-            return self._born_within(txn, statement, params, "the journal entry or the run")
-
-        return write
+        return partial(
+            self._complete_within,
+            statement=self._born_with_run[CommitState.COMPLETE],
+            what="the journal entry or the run",
+            run_params=self._run_params(start, owner=owner, provenance=provenance),
+        )
 
     def _run_params(
         self, start: RunStart, *, owner: str, provenance: SafeMapping | None
