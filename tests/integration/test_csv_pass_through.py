@@ -456,13 +456,13 @@ def test_duckdb_a_racy_file_is_hashed_again_even_when_its_stat_did_not_change(
     re-hash of a file written just before the load can notice the new bytes.
     """
     seen: list[tuple[int, ...]] = []
-    real_state = _passthrough._state
+    real_state = _passthrough.stat_key
 
     def pinned(stat: os.stat_result) -> tuple[int, int, int, int, int]:
         seen.append(real_state(stat))
         return seen[0]  # type: ignore[return-value]
 
-    monkeypatch.setattr(_passthrough, "_state", pinned)
+    monkeypatch.setattr(_passthrough, "stat_key", pinned)
 
     def overwrite_in_place(path: Path) -> None:
         with path.open("r+b") as handle:

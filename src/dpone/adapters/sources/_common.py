@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dpone.adapters.sources._prefetch import hash_file, settled, take_prefetched
+from dpone.adapters.sources._prefetch import StatKey, hash_file, settled, stat_key, take_prefetched
 from dpone.contracts.load import Column, ColumnType
 from dpone.errors import ConfigInvalid, SourceInvalid
 
@@ -83,7 +83,7 @@ class SmallFile:
 
     __slots__ = ("identity", "settled", "state", "text")
 
-    def __init__(self, text: str, identity: str, state: tuple[int, ...], *, settled: bool) -> None:
+    def __init__(self, text: str, identity: str, state: StatKey, *, settled: bool) -> None:
         self.text = text
         self.identity = identity
         self.state = state
@@ -114,7 +114,7 @@ def read_small(path: Path, *, limit: int) -> SmallFile | None:
         after = os.fstat(raw.fileno())
     if len(data) > limit:
         return None
-    state = _state(before)
+    state = stat_key(before)
     try:
         # utf-8-sig drops a byte order mark, as the streaming path's reader does
         text = data.decode("utf-8-sig")
@@ -124,12 +124,8 @@ def read_small(path: Path, *, limit: int) -> SmallFile | None:
         text,
         "sha256:" + hashlib.sha256(data).hexdigest(),
         state,
-        settled=settled(state, now) and _state(after) == state and len(data) == before.st_size,
+        settled=settled(state, now) and stat_key(after) == state and len(data) == before.st_size,
     )
-
-
-def _state(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class HashingReader(io.RawIOBase):

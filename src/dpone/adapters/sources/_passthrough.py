@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dpone.adapters.sources._common import CHUNK_SIZE, changed_error, open_raw
-from dpone.adapters.sources._prefetch import settled, vouched_identity
+from dpone.adapters.sources._prefetch import StatKey, settled, stat_key, vouched_identity
 from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsvRefused
 
 __all__ = ["CsvFileBytes"]
@@ -37,12 +37,6 @@ _END_OF_DATA = re.compile(rb"\\\.")
 _BLANK_LINE = re.compile(rb"\n\n")  # re's literal search beats bytes.find for this one
 _BLANK_LINE_CRLF = re.compile(rb"\n\r?\n")
 _LONE_CR = re.compile(rb"\r[^\n]")  # faster than a lookahead; a final CR is checked apart
-
-_FileState = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
-
-
-def _state(stat: os.stat_result) -> _FileState:
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 class _Checker:
@@ -151,7 +145,7 @@ class CsvFileBytes:
         self._delimiter = delimiter
         self._columns = columns
         self._expected = expected_identity
-        self._state: _FileState | None = None
+        self._state: StatKey | None = None
         self._settled = False
         self._records: int | None = None
 
@@ -184,7 +178,7 @@ class CsvFileBytes:
         checker = _Checker(self._delimiter.encode("ascii"), self._columns, crlf=crlf)
         now = time.time_ns()  # before the stat: a later write is stamped at least this
         with self._open() as handle:
-            self._state = _state(os.fstat(handle.fileno()))
+            self._state = stat_key(os.fstat(handle.fileno()))
             self._settled = settled(self._state, now)
             vouched = vouched_identity(self._path, self._state) == self._expected
             digest = None if vouched else hashlib.sha256()
@@ -238,7 +232,7 @@ class CsvFileBytes:
             # Opened, not just stat'ed: a network file system (NFS's close-to-open
             # consistency) revalidates the attributes of a file being opened.
             with io.FileIO(self._path, "r") as handle:
-                now = _state(os.fstat(handle.fileno()))
+                now = stat_key(os.fstat(handle.fileno()))
         except OSError:
             raise changed_error(self._path) from None
         if now != self._state:
@@ -247,14 +241,14 @@ class CsvFileBytes:
     def _hash_again(self) -> None:
         digest = hashlib.sha256()
         with self._open() as handle:
-            before = _state(os.fstat(handle.fileno()))
+            before = stat_key(os.fstat(handle.fileno()))
             while chunk := handle.read(CHUNK_SIZE):
                 digest.update(chunk)
-            after = _state(os.fstat(handle.fileno()))
+            after = stat_key(os.fstat(handle.fileno()))
         if (
             "sha256:" + digest.hexdigest() != self._expected
             or not before == after == self._state
-            or _state(os.stat(self._path)) != self._state
+            or stat_key(os.stat(self._path)) != self._state
         ):
             raise changed_error(self._path)
 

@@ -20,10 +20,12 @@ from pathlib import Path
 
 __all__ = [
     "RACY_NS",
+    "StatKey",
     "hash_file",
     "prefetch_identity",
     "settled",
     "sha256_of_file",
+    "stat_key",
     "take_prefetched",
     "vouched_identity",
 ]
@@ -37,7 +39,7 @@ _CHUNK = 1 << 20
 #: later stamp (ADR 0004).
 RACY_NS = 3_000_000_000
 
-_StatKey = tuple[int, ...]  # dev, inode, size, mtime_ns, ctime_ns
+StatKey = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
 
 
 def sha256_of_file(path: Path) -> str:
@@ -55,30 +57,31 @@ def sha256_of_file(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _key(st: os.stat_result) -> _StatKey:
+def stat_key(st: os.stat_result) -> StatKey:
+    """What identifies a file's bytes to its stat: device, inode, size, mtime, ctime."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _stat_key(path: Path) -> _StatKey:
-    return _key(os.stat(path))
+def _stat_key(path: Path) -> StatKey:
+    return stat_key(os.stat(path))
 
 
-def settled(key: _StatKey, now_ns: int) -> bool:
+def settled(key: StatKey, now_ns: int) -> bool:
     """Whether a file with this stat had not been written for ``RACY_NS`` at ``now_ns``."""
     return max(key[3], key[4]) < now_ns - RACY_NS
 
 
 #: Identities whose stat vouches for them: by resolved path, the stat the file had before
 #: and after it was hashed, and had not changed for ``RACY_NS`` before the hash began.
-_VOUCHED: dict[str, tuple[_StatKey, str]] = {}
+_VOUCHED: dict[str, tuple[StatKey, str]] = {}
 
 
-def _vouch(path: Path, key: _StatKey, identity: str) -> None:
+def _vouch(path: Path, key: StatKey, identity: str) -> None:
     with _LOCK:
         _VOUCHED[str(path.resolve())] = (key, identity)
 
 
-def vouched_identity(path: Path, key: _StatKey) -> str | None:
+def vouched_identity(path: Path, key: StatKey) -> str | None:
     """The identity this process hashed from ``path`` when its stat was ``key``, if settled.
 
     A file that still has that device, inode, size, mtime and ctime has not been written
@@ -107,7 +110,7 @@ class _Prefetch:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.key: _StatKey | None = None
+        self.key: StatKey | None = None
         self.identity: str | None = None
         self.settled = False
         self._thread = threading.Thread(target=self._run, name="dpone-identity", daemon=True)
