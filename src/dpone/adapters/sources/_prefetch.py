@@ -27,6 +27,7 @@ __all__ = [
     "sha256_of_file",
     "stat_key",
     "take_prefetched",
+    "vouch",
     "vouched_identity",
 ]
 
@@ -76,7 +77,8 @@ def settled(key: StatKey, now_ns: int) -> bool:
 _VOUCHED: dict[str, tuple[StatKey, str]] = {}
 
 
-def _vouch(path: Path, key: StatKey, identity: str) -> None:
+def vouch(path: Path, key: StatKey, identity: str) -> None:
+    """Record that ``identity`` was hashed from ``path`` while it had the settled stat ``key``."""
     with _LOCK:
         _VOUCHED[str(path.resolve())] = (key, identity)
 
@@ -101,7 +103,7 @@ def hash_file(path: Path) -> str:
     before = _stat_key(path)
     identity = sha256_of_file(path)
     if settled(before, now) and _stat_key(path) == before:
-        _vouch(path, before, identity)
+        vouch(path, before, identity)
     return identity
 
 
@@ -139,7 +141,7 @@ class _Prefetch:
         if not unchanged or self.key is None:
             return None
         if self.settled:
-            _vouch(self.path, self.key, self.identity)
+            vouch(self.path, self.key, self.identity)
         return self.identity
 
 

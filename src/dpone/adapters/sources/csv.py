@@ -240,7 +240,7 @@ class CsvSource:
         if small is not None and small.settled and small.identity == expected_identity:
             # the identity was hashed from the file when it had this stat, settled: the
             # same fact a hash through _prefetch.hash_file records (ADR 0004)
-            _prefetch._vouch(self._path, small.state, small.identity)
+            _prefetch.vouch(self._path, small.state, small.identity)
         return CsvFileBytes(
             self._path,
             delimiter=self._delimiter,
