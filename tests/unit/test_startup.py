@@ -416,6 +416,31 @@ NOT_ON_THE_RUN_PATH = (
 )
 
 
+def _run_reporting_modules(wl: Path, cwd: Path) -> tuple[str, set[str]]:
+    """``dpone run`` of ``wl`` in a fresh process: its result line and its loaded modules."""
+    probe = (
+        "import atexit, json, sys\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "from dpone.cli.entry import main\n"
+        "atexit.register(lambda: print(json.dumps(sorted(sys.modules))))\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result, modules = done.stdout.splitlines()
+    assert result.startswith("COMPLETE ")
+    return result, set(json.loads(modules))
+
+
 @pytest.mark.parametrize("target", ["sqlite", "duckdb"])
 def test_dpone_run_imports_nothing_the_load_does_not_use(tmp_path: Path, target: str) -> None:
     """Each module on this list is start-up time a one-file load pays for nothing."""
@@ -430,28 +455,7 @@ def test_dpone_run_imports_nothing_the_load_does_not_use(tmp_path: Path, target:
         "load: {strategy: append}\n",
         encoding="utf-8",
     )
-    probe = (
-        "import json, sys\n"
-        "sys.argv = ['dpone', *sys.argv[1:]]\n"
-        "from dpone.cli.entry import main\n"
-        "import atexit\n"
-        "atexit.register(lambda: print(json.dumps(sorted(sys.modules))))\n"
-        "main()\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    result, modules = done.stdout.splitlines()
-    assert result.startswith("COMPLETE ")
-    loaded = set(json.loads(modules))
+    _, loaded = _run_reporting_modules(wl, tmp_path)
     assert f"dpone.adapters.connectors.{target}" in loaded  # the probe saw the run's imports
     assert sorted(loaded.intersection(NOT_ON_THE_RUN_PATH)) == []
 
@@ -509,29 +513,8 @@ def test_dpone_run_into_postgres_builds_no_pool(
         "load: {strategy: append}\n",
         encoding="utf-8",
     )
-    probe = (
-        "import json, sys, threading\n"
-        "sys.argv = ['dpone', *sys.argv[1:]]\n"
-        "from dpone.cli.entry import main\n"
-        "import atexit\n"
-        "atexit.register(lambda: print(json.dumps(sorted(sys.modules))))\n"
-        "main()\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    result, modules = done.stdout.splitlines()
-    assert result.startswith("COMPLETE ")
+    result, loaded = _run_reporting_modules(wl, tmp_path)
     assert "mode=atomic" in result
-    loaded = set(json.loads(modules))
     assert "dpone.adapters.journal.postgres" in loaded
     assert "psycopg_pool" not in loaded
 
