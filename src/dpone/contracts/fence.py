@@ -13,6 +13,7 @@ __all__ = [
     "FenceStatus",
     "SealOutcome",
     "SealResult",
+    "committed_fence",
     "require_prepared",
 ]
 
@@ -70,6 +71,24 @@ def require_prepared(
             "the fence was prepared for another intent digest; nothing was written",
             operation_id=operation_id,
         )
+
+
+def committed_fence(
+    locked: FenceObservation, *, row_count: int, content_digest: str
+) -> FenceObservation:
+    """The fence row a mutation's commit leaves, from the row it locked and what it wrote.
+
+    ``locked`` is the row as ``require_prepared`` accepted it under the lock; the commit
+    statement changes only the state, the row count and the content digest. Report it
+    only once the commit is acknowledged (``MutationReport.committed``).
+    """
+    return FenceObservation(
+        status=FenceStatus.COMMITTED,
+        epoch=locked.epoch,
+        intent_digest=locked.intent_digest,
+        row_count=row_count,
+        content_digest=content_digest,
+    )
 
 
 class SealOutcome(str, enum.Enum):

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from dpone.contracts.audit import Audits
+from dpone.contracts.fence import FenceObservation
 from dpone.contracts.identity import Interval
 
 __all__ = [
@@ -74,3 +75,9 @@ class MutationReport:
 
     row_count: int
     content_digest: str
+    #: The fence row exactly as the acknowledged commit left it (COMMITTED at the
+    #: mutation's epoch), built from what that very transaction wrote and read back
+    #: under the row lock; None when the connector cannot say it (the protocol then
+    #: observes). ``committed`` is terminal, so it is what ``observe`` reads afterwards
+    #: (ADR 0013; the fence conformance suite checks it).
+    committed: FenceObservation | None = None

@@ -8,8 +8,9 @@ from typing import Protocol
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.journal import JournalEntry
 from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, RunState
+from dpone.contracts.states import CommitState
 
-__all__ = ["FoldingLedgerPort", "LookupLedgerPort", "RunLedgerPort"]
+__all__ = ["FoldingLedgerPort", "LookupLedgerPort", "RunEndingLedgerPort", "RunLedgerPort"]
 
 
 class RunLedgerPort(Protocol):
@@ -153,5 +154,45 @@ class FoldingLedgerPort(RunLedgerPort, Protocol):
             UnsafeValue: provenance or access hold a secret-looking value.
             IntentConflict: the entry exists with another intent digest.
             JournalUnavailable: the journal could not be written.
+        """
+        ...
+
+
+class RunEndingLedgerPort(FoldingLedgerPort, Protocol):
+    """A ledger that ends a run's attempt with its operation's COMPLETE (ADR 0013).
+
+    For forward mode's first attempt, whose run and attempt 1 were recorded with the
+    entry (``create_committing_with_run``): the COMPLETE the fence proves and the end
+    of that attempt are one journal write instead of two.
+    """
+
+    def complete_proven_ending_run(
+        self,
+        *,
+        run_id: str,
+        attempt: int,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[JournalEntry, bool]:
+        """``complete_proven`` and ``end_attempt(run_id, attempt, COMPLETE)`` in one write.
+
+        The run and its attempt end only if the entry moved, and only while the run is
+        at ``attempt``.
+
+        Returns:
+            ``(entry, run_ended)``: the entry COMPLETE; ``run_ended`` False when the run
+            was not at ``attempt`` (nothing of the ledger was written; the caller ends
+            it the ordinary way).
+
+        Raises:
+            JournalConflict: the entry moved (version, state or lease epoch); nothing
+                was written, the run included.
+            JournalUnavailable: the journal could not be written (the outcome of a write
+                whose acknowledgement was lost is unknown: never repeated).
         """
         ...

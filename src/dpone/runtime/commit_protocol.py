@@ -16,7 +16,7 @@ from dpone.contracts.fence import (
     SealResult,
 )
 from dpone.contracts.journal import JournalEntry
-from dpone.contracts.load import LoadPlan
+from dpone.contracts.load import LoadPlan, MutationReport
 from dpone.contracts.result import OperationResult, RunMode
 from dpone.contracts.states import CommitState
 from dpone.errors import (
@@ -96,7 +96,11 @@ class RunFold:
     journal write that creates the entry leased at epoch 1 (``begun``). A ledger that
     can write the run and the entry born COMPLETE as one statement offers
     ``create_complete`` (ADR 0011): called instead of ``write`` and the journal's
-    ``create_complete_within``, with the same arguments as the latter.
+    ``create_complete_within``, with the same arguments as the latter. A ledger that
+    can end attempt 1 COMPLETE in the journal write that completes the entry offers
+    ``complete_proven`` (ADR 0013): called instead of the journal's ``complete_proven``
+    for the COMPLETE of attempt 1 (``begun``) that the fence proves; ``committed`` is
+    set when it ended the run.
     """
 
     write: Callable[[object], None]
@@ -106,6 +110,10 @@ class RunFold:
     #: forward mode: create the entry COMMITTING together with the run RUNNING at
     #: attempt 1; returns ``(entry, run_recorded)`` (``FoldingLedgerPort``)
     create_committing: Callable[..., tuple[JournalEntry, bool]] | None = None
+    #: forward mode: ``complete_proven`` plus the end of attempt 1 COMPLETE, one write;
+    #: returns ``(entry, run_ended)`` (``RunEndingLedgerPort``)
+    complete_proven: Callable[..., tuple[JournalEntry, bool]] | None = None
+    #: the run's COMPLETE end is committed with the write: nothing is left to record
     committed: bool = False
     #: the run and attempt 1 were recorded with the entry (forward mode)
     begun: bool = False
@@ -162,6 +170,8 @@ class CommitProtocol:
             if atomic_journal is None and getattr(journal, "create_committing", None) is not None
             else None
         )
+        # the run ledger's part of the run in progress (``run(run_fold=...)``)
+        self._run_fold: RunFold | None = None
 
     @property
     def mode(self) -> RunMode:
@@ -191,6 +201,7 @@ class CommitProtocol:
 
         """
         held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
+        self._run_fold = run_fold
         existing = self._journal.get(spec.operation_id) if isinstance(known, Unread) else known
         if existing is None and self._fold is not None and self._may_fold(spec, run_fold):
             folded = self._atomic_first(spec, self._fold, run_fold)
@@ -381,7 +392,8 @@ class CommitProtocol:
                 content_digest=report.content_digest,
             )
         else:
-            observation = self._observe(spec)
+            # the connector's word for the row its acknowledged commit left, else a read
+            observation = self._committed_by(spec, entry, report) or self._observe(spec)
             if observation.status is not FenceStatus.COMMITTED:
                 raise RecoveryConflict(
                     "the target acknowledged the write but its fence does not show it committed",
@@ -391,6 +403,27 @@ class CommitProtocol:
                     recovery_ref=recovery_ref(spec.operation_id),
                 )
         return self._complete(spec, entry, observation, tally=tally, resumed=resumed)
+
+    @staticmethod
+    def _committed_by(
+        spec: OperationSpec, entry: JournalEntry, report: MutationReport
+    ) -> FenceObservation | None:
+        """The fence row the acknowledged mutation committed, when its connector says so.
+
+        Reading the fence again would prove nothing new: the transaction that set it
+        ``committed`` at our epoch committed, and ``committed`` is terminal (section 7;
+        ADR 0013). Anything but that row at our epoch and intent is not taken as proof:
+        the protocol then observes, as for a connector that reports nothing.
+        """
+        committed = report.committed
+        if (
+            committed is None
+            or committed.status is not FenceStatus.COMMITTED
+            or committed.epoch != entry.lease_epoch
+            or committed.intent_digest not in (None, spec.intent_digest)
+        ):
+            return None
+        return committed
 
     def _settle_failed_mutation(
         self, spec: OperationSpec, entry: JournalEntry, primary: Exception
@@ -902,7 +935,27 @@ class CommitProtocol:
     ) -> JournalEntry:
         failpoints.hit(f"before:{next_state.value}")
         final = next_state is S.COMPLETE  # the lease ends with the operation, same write
-        if final and proven and checkpoint is None and self._proven is not None:
+        ending = self._run_fold
+        if (
+            final
+            and proven
+            and checkpoint is None
+            and ending is not None
+            and ending.begun
+            and ending.complete_proven is not None
+            and entry.lease_epoch == _FIRST_EPOCH
+        ):
+            # attempt 1, recorded with the entry, ends COMPLETE in this write (ADR 0013)
+            new, ending.committed = ending.complete_proven(
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                expected_states=frozenset({entry.state}),
+                lease_epoch=entry.lease_epoch,
+                actor=self._owner,
+                result=result or {},
+                evidence=evidence,
+            )
+        elif final and proven and checkpoint is None and self._proven is not None:
             new = self._proven.complete_proven(
                 operation_id=entry.operation_id,
                 expected_version=entry.version,

@@ -173,6 +173,9 @@ class RunService:
                 write = folding.complete_run_writer(
                     start, owner=self._owner, provenance=request.provenance
                 )
+            # a ledger that ends the run with the entry's COMPLETE offers that write
+            # (ADR 0013); the protocol uses it only for attempt 1 recorded with the entry
+            ending = getattr(folding, "complete_proven_ending_run", None)
             tr.fold = RunFold(
                 write=write,
                 create_complete=create_complete,
@@ -180,6 +183,9 @@ class RunService:
                 create_committing=lambda **entry: folding.create_committing_with_run(
                     start, provenance=request.provenance, **entry
                 ),
+                complete_proven=None
+                if ending is None
+                else functools.partial(ending, run_id=start.run_id, attempt=1),
             )
         else:
             tr.ensure_run()
@@ -195,12 +201,15 @@ class RunService:
             exc.hint = exc.hint or f"run {tr.run_id} is in flight; rerun later to see it"
             raise
         except Exception as exc:
+            if fold is not None and fold.committed:
+                raise  # the run ended COMPLETE with the operation's COMPLETE: as it is
             tr.claim_begun()
             if tr.recorded or tr.mine:  # a try that recorded nothing has nothing to end
                 self._end(tr.run_id, tr.recorded, tr.mine, run_state_for(exc), RunError.of(exc))
             raise
         if fold is not None and fold.committed:
-            # the run, attempt 1 and their COMPLETE end committed with the write
+            # the run, attempt 1 and their COMPLETE end committed with the write (atomic
+            # mode), or attempt 1 ended COMPLETE with the entry's COMPLETE (forward mode)
             _log.info(
                 "run %s attempt 1 (COMPLETE, recorded with the write)",
                 start.run_id,

@@ -26,6 +26,7 @@ from dpone.contracts.fence import (
     FenceStatus,
     SealOutcome,
     SealResult,
+    committed_fence,
     require_prepared,
 )
 from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
@@ -466,8 +467,11 @@ def _prepare_in(
 
 def _lock_prepared(
     conn: duckdb.DuckDBPyConnection, operation_id: str, intent_digest: str, epoch: int
-) -> None:
-    """Write the fence row (a fresh token) if it is prepared at ``epoch`` for this intent."""
+) -> FenceObservation:
+    """Write the fence row (a fresh token) if it is prepared at ``epoch`` for this intent.
+
+    Returns the row as this transaction now holds it.
+    """
     locked = _fence_write(
         conn,
         f"UPDATE {_FENCE} SET write_token = ? "
@@ -480,6 +484,7 @@ def _lock_prepared(
         raise FencedOut(
             "the fence moved during the write; nothing was written", operation_id=operation_id
         )
+    return current
 
 
 class DuckDbConnector:
@@ -709,17 +714,15 @@ class DuckDbConnector:
         table = self._plan_table(plan)
         pass_through = True
 
-        def body(conn: duckdb.DuckDBPyConnection) -> int:
+        def body(conn: duckdb.DuckDBPyConnection) -> tuple[int, FenceObservation]:
             count: int | None = None
             # Write the fence row first: a seal running meanwhile conflicts with this
             # transaction at once, and a seal that committed first leaves no row here.
             # A prepare that inserted or raised the row in this transaction has written
             # it already, at this epoch and intent (a committed row it leaves alone).
-            wrote = prepare and (
-                _prepare_in(conn, operation_id, intent_digest, epoch).status is FenceStatus.PREPARED
-            )
-            if not wrote:
-                _lock_prepared(conn, operation_id, intent_digest, epoch)
+            locked = _prepare_in(conn, operation_id, intent_digest, epoch) if prepare else None
+            if locked is None or locked.status is not FenceStatus.PREPARED:
+                locked = _lock_prepared(conn, operation_id, intent_digest, epoch)
             existing = _table_columns(conn, table)
             if existing.names:
                 _check_columns(existing, plan, table)
@@ -740,15 +743,19 @@ class DuckDbConnector:
             )
             if within is not None:
                 within(conn)
-            return count
+            return count, locked
 
         try:
             try:
-                count = self._write(body, action="mutate", operation_id=operation_id, retry=False)
+                count, locked = self._write(
+                    body, action="mutate", operation_id=operation_id, retry=False
+                )
             except _RowsInstead:
                 # Rolled back; the rows path reports the refused record as it always has.
                 pass_through = False
-                count = self._write(body, action="mutate", operation_id=operation_id, retry=False)
+                count, locked = self._write(
+                    body, action="mutate", operation_id=operation_id, retry=False
+                )
         except FenceUnavailable:
             # A conflict may mean the fence moved (a seal won): say so when it did.
             seen = self.observe(operation_id=operation_id)
@@ -759,7 +766,9 @@ class DuckDbConnector:
                     operation_id=operation_id,
                 ) from None
             raise
-        return MutationReport(row_count=count, content_digest=content_digest)
+        # the commit returned: the fence row this transaction wrote is committed as written
+        committed = committed_fence(locked, row_count=count, content_digest=content_digest)
+        return MutationReport(row_count=count, content_digest=content_digest, committed=committed)
 
     def _load_file(
         self, conn: duckdb.DuckDBPyConnection, plan: LoadPlan, table: _Table, raw: RawCsv

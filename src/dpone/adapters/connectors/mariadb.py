@@ -26,6 +26,7 @@ from dpone.contracts.fence import (
     FenceStatus,
     SealOutcome,
     SealResult,
+    committed_fence,
     require_prepared,
 )
 from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
@@ -1018,7 +1019,9 @@ class MariaDbConnector:
                 if within is not None:
                     within(conn)
             conn.commit()
-        return MutationReport(row_count=count, content_digest=content_digest)
+        # the commit is acknowledged: the row locked FOR UPDATE is committed as written
+        committed = committed_fence(current, row_count=count, content_digest=content_digest)
+        return MutationReport(row_count=count, content_digest=content_digest, committed=committed)
 
     def _prepare_table(
         self, conn: pymysql.connections.Connection[Any], plan: _Plan, raw: str

@@ -385,11 +385,12 @@ def _insert_params(
 def _small_write(
     plan: _Plan, rows: int, *, fence: sql.Composable, clear: sql.Composable | None
 ) -> sql.Composed:
-    """ONE statement: the fence statement (RETURNING epoch), the replace DELETE, the rows.
+    """ONE statement: the fence statement (RETURNING its row), the replace DELETE, the rows.
 
     Data-modifying CTEs run to completion whatever the main query reads, all in the
     statement's snapshot: the DELETE sees only rows committed before it, never the new
-    ones. The main query reads the fence's RETURNING (no row: refused).
+    ones. The main query reads the fence's RETURNING (no row: refused): the fence row as
+    this transaction wrote it, which ``mutate`` reports once the commit is acknowledged.
     """
     parts: list[sql.Composable] = [sql.SQL("fence AS ({})").format(fence)]
     if clear is not None:
@@ -401,7 +402,7 @@ def _small_write(
                 plan.table.ident, _column_list(plan.columns), sql.SQL(", ").join([row] * rows)
             )
         )
-    return sql.SQL("WITH {} SELECT epoch FROM fence").format(sql.SQL(", ").join(parts))
+    return sql.SQL("WITH {} SELECT {} FROM fence").format(sql.SQL(", ").join(parts), _FENCE_COLUMNS)
 
 
 def _clear_statement(plan: _Plan, raw: LoadPlan) -> tuple[sql.Composed, tuple[object, ...]] | None:
@@ -422,6 +423,8 @@ def _clear_statement(plan: _Plan, raw: LoadPlan) -> tuple[sql.Composed, tuple[ob
 # ----------------------------------------------------------------- fence rows
 
 _FenceRow = tuple[str, int, str | None, int | None, str | None]
+#: The columns ``_observation`` reads, in its order (reads and RETURNING alike).
+_FENCE_COLUMNS = sql.SQL("state, epoch, intent_digest, row_count, content_digest")
 
 
 def _observation(row: _FenceRow | None) -> FenceObservation:
@@ -455,7 +458,11 @@ class _Statements:
     @classmethod
     def build(cls, schema: str) -> _Statements:
         fence = sql.Identifier(schema, FENCE_TABLE)
-        columns = sql.SQL("state, epoch, intent_digest, row_count, content_digest")
+        columns = _FENCE_COLUMNS
+        # the row a committing statement leaves, read back by the same statement
+        returning = sql.SQL(
+            "RETURNING f.state, f.epoch, f.intent_digest, f.row_count, f.content_digest"
+        )
         qualified = sql.Literal(fence.as_string(None))
         return cls(
             connect=sql.SQL(
@@ -501,10 +508,10 @@ class _Statements:
                 "RETURNING f.intent_digest"
             ).format(fence=fence),
             commit=sql.SQL(
-                "UPDATE {fence} SET state = 'committed', row_count = %s, content_digest = %s, "
-                "committed_at = now() "
-                "WHERE operation_id = %s AND epoch = %s AND state = 'prepared'"
-            ).format(fence=fence),
+                "UPDATE {fence} AS f SET state = 'committed', row_count = %s, "
+                "content_digest = %s, committed_at = now() "
+                "WHERE operation_id = %s AND epoch = %s AND state = 'prepared' {returning}"
+            ).format(fence=fence, returning=returning),
             # The small path (row count known before the write): ``prepare`` and
             # ``commit`` as one locking statement, under the same conditions. The row is
             # locked before WHERE is judged, so a refusal can be read back under the lock.
@@ -516,17 +523,15 @@ class _Statements:
                 "SET epoch = EXCLUDED.epoch, intent_digest = EXCLUDED.intent_digest, "
                 "state = 'committed', row_count = EXCLUDED.row_count, "
                 "content_digest = EXCLUDED.content_digest, committed_at = EXCLUDED.committed_at "
-                "WHERE f.state = 'prepared' AND f.epoch <= EXCLUDED.epoch "
-                "RETURNING f.epoch"
-            ).format(fence=fence),
+                "WHERE f.state = 'prepared' AND f.epoch <= EXCLUDED.epoch {returning}"
+            ).format(fence=fence, returning=returning),
             # ... and ``commit`` alone, with the checks mutate makes under the lock.
             commit_checked=sql.SQL(
-                "UPDATE {fence} SET state = 'committed', row_count = %s, content_digest = %s, "
-                "committed_at = now() "
+                "UPDATE {fence} AS f SET state = 'committed', row_count = %s, "
+                "content_digest = %s, committed_at = now() "
                 "WHERE operation_id = %s AND epoch = %s AND state = 'prepared' "
-                "AND (intent_digest IS NULL OR intent_digest = %s) "
-                "RETURNING epoch"
-            ).format(fence=fence),
+                "AND (intent_digest IS NULL OR intent_digest = %s) {returning}"
+            ).format(fence=fence, returning=returning),
         )
 
 
@@ -1110,7 +1115,7 @@ class PostgresConnector:
             with self._session(action="mutate", operation_id=operation_id) as conn:
                 self._ensure_fence(conn)
                 if small is not None:
-                    count = self._mutate_small(
+                    return self._mutate_small(
                         conn,
                         checked,
                         plan,
@@ -1122,7 +1127,6 @@ class PostgresConnector:
                         within=within,
                         prepare=prepare,
                     )
-                    return MutationReport(row_count=count, content_digest=content_digest)
                 with conn.transaction(), conn.cursor() as cur:
                     current = self._lock_fence(
                         cur,
@@ -1140,6 +1144,7 @@ class PostgresConnector:
                     _audit(cur, plan, checked.table, count, operation_id)
                     cur.execute(self._sql.commit, (count, content_digest, operation_id, epoch))
                     _check_marked(cur.rowcount, operation_id=operation_id)
+                    marked: _FenceRow | None = cur.fetchone()
                     if within is not None:
                         within(conn)
                     _check_healthy(conn, operation_id=operation_id)
@@ -1152,7 +1157,11 @@ class PostgresConnector:
             if cached:
                 self._explain_refusal(plan, exc)
             raise
-        return MutationReport(row_count=count, content_digest=content_digest)
+        # the transaction that marked the row committed is acknowledged: the row it
+        # RETURNED is the committed fence, terminal from here on (no observe needed)
+        return MutationReport(
+            row_count=count, content_digest=content_digest, committed=_observation(marked)
+        )
 
     def _lock_fence(
         self,
@@ -1187,7 +1196,7 @@ class PostgresConnector:
         content_digest: str,
         within: WithinTransaction | None,
         prepare: bool,
-    ) -> int:
+    ) -> MutationReport:
         """``mutate`` for a few rows: one statement instead of a COPY, pipelined.
 
         The row count is known before the write, so the fence is installed (or raised)
@@ -1195,7 +1204,8 @@ class PostgresConnector:
         checks (prepared, not above ``epoch``; with ``prepare`` False: prepared at
         ``epoch`` for this intent), in the same statement as the rows. BEGIN and that
         statement are judged at one sync; ``within`` runs in the open transaction; then
-        COMMIT. A refusal or any error rolls the whole transaction back.
+        COMMIT. A refusal or any error rolls the whole transaction back. The fence row
+        the statement RETURNED is reported as committed only once COMMIT is acknowledged.
         """
         count = len(rows)
         clear = _clear_statement(plan, raw)
@@ -1219,7 +1229,8 @@ class PostgresConnector:
                         operation_id=operation_id,
                     ) from None
                 pipeline.sync()
-                if cur.fetchone() is None:
+                marked: _FenceRow | None = cur.fetchone()
+                if marked is None:
                     # Refused: the statement holds the row lock, so this read is current.
                     current = _observation(cur.execute(self._sql.lock, (operation_id,)).fetchone())
                     require_prepared(
@@ -1233,7 +1244,9 @@ class PostgresConnector:
         except BaseException:
             _rollback_quietly(conn)
             raise
-        return count
+        return MutationReport(
+            row_count=count, content_digest=content_digest, committed=_observation(marked)
+        )
 
     def _small_statement(
         self,

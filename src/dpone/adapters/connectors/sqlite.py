@@ -23,6 +23,7 @@ from dpone.contracts.fence import (
     FenceStatus,
     SealOutcome,
     SealResult,
+    committed_fence,
     require_prepared,
 )
 from dpone.contracts.load import ColumnType, LoadPlan, LoadStrategy, MutationReport, is_identifier
@@ -626,7 +627,7 @@ class SqliteConnector:
         table = self._plan_table(plan)
         create_sql = _create_sql(plan, table)
 
-        def body(conn: sqlite3.Connection) -> int:
+        def body(conn: sqlite3.Connection) -> tuple[int, FenceObservation]:
             if prepare:
                 # under the same write lock as the data: no window between the two
                 _prepare_in(conn, operation_id, intent_digest, epoch)
@@ -655,10 +656,12 @@ class SqliteConnector:
                 )
             if within is not None:
                 within(conn)
-            return count
+            return count, current
 
-        count = self._write(body, action="mutate", operation_id=operation_id)
-        return MutationReport(row_count=count, content_digest=content_digest)
+        count, locked = self._write(body, action="mutate", operation_id=operation_id)
+        # COMMIT returned: the row locked by BEGIN IMMEDIATE is committed as written
+        committed = committed_fence(locked, row_count=count, content_digest=content_digest)
+        return MutationReport(row_count=count, content_digest=content_digest, committed=committed)
 
     def _apply_strategy(self, conn: sqlite3.Connection, plan: LoadPlan, table: _Table) -> None:
         if plan.strategy is LoadStrategy.REPLACE:

@@ -31,6 +31,7 @@ __all__ = [
     "begin_run",
     "complete_run_params",
     "end_attempt",
+    "end_complete_ctes",
     "first_attempt_ctes",
     "first_attempt_sql",
     "get_run",
@@ -350,6 +351,34 @@ def first_attempt_ctes(d: LedgerDialect, *, complete: bool) -> str:
 def first_attempt_sql(d: LedgerDialect, *, complete: bool) -> str:
     """:func:`first_attempt_ctes` as a statement of its own (same parameters)."""
     return f"WITH {first_attempt_ctes(d, complete=complete)} SELECT run_id FROM run"
+
+
+def end_complete_ctes(d: LedgerDialect, *, after: str) -> str:
+    """CTEs ``run_ended`` and ``attempt_ended``: :func:`end_attempt` of a COMPLETE end.
+
+    PostgreSQL only. The writes of ``end_attempt(state=COMPLETE, error=None)``'s
+    PostgreSQL statement (run COMPLETE with no error, the attempt COMPLETE and ended
+    while it is RUNNING), with named parameters ``end_run_id`` and ``end_attempt``, and
+    only when the CTE ``after`` (the journal's move to COMPLETE) returned a row: a
+    journal statement carries them so that the run ends with its operation's COMPLETE,
+    never without it (ADR 0013). ``run_ended`` returns the run's id when the run was
+    still at that attempt (a newer attempt's run is left alone, as ``end_attempt``
+    refuses a stale attempt).
+    """
+    if not d.postgres:
+        raise ValueError("data-modifying CTEs need PostgreSQL")
+    complete = RunState.COMPLETE.value
+    ended = attempt_state(RunState.COMPLETE).value
+    return d.sql(
+        f"run_ended AS (UPDATE dpone_runs SET state = '{complete}', error_code = NULL, "
+        "error_retryability = NULL, error_message = NULL, updated_at = NOW "
+        "WHERE run_id = %(end_run_id)s AND current_attempt = %(end_attempt)s "
+        f"AND EXISTS (SELECT 1 FROM {after}) RETURNING run_id), "
+        f"attempt_ended AS (UPDATE dpone_run_attempts SET state = '{ended}', "
+        "error_code = NULL, ended_at = NOW WHERE run_id = %(end_run_id)s "
+        "AND attempt = %(end_attempt)s AND state = 'RUNNING' "
+        "AND EXISTS (SELECT 1 FROM run_ended))"
+    )
 
 
 def get_run(cur: _Cursor, d: LedgerDialect, run_id: str) -> RunRecord | None:

@@ -39,7 +39,12 @@ if TYPE_CHECKING:
         ForwardFoldingJournalPort,
         ProvenCompletionJournalPort,
     )
-    from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
+    from dpone.ports.ledger import (
+        FoldingLedgerPort,
+        LookupLedgerPort,
+        RunEndingLedgerPort,
+        RunLedgerPort,
+    )
 
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
 
@@ -225,6 +230,8 @@ class _Statements:
     #: templates: ``_cas_sql`` fills in the expected states, the next state and the steps
     cas: str
     cas_audited: str
+    #: ``cas`` to COMPLETE that also ends the run's attempt COMPLETE (ADR 0013)
+    cas_ending_run: str
     acquire: str
     renew: str
     release: str
@@ -266,6 +273,15 @@ class _Statements:
                   ON step.source = m.previous_state
             )"""
         cas_tail = f"SELECT {_entry_columns('m')}, m.previous_state FROM moved AS m"
+        # the run ledger's end of the attempt, written only when ``moved`` has a row
+        run_end = _ledger_sql.end_complete_ctes(
+            _ledger_sql.LedgerDialect(placeholder="%s", prefix=f"{s}.", now="now()", postgres=True),
+            after="moved",
+        )
+        cas_ending_tail = (
+            f"SELECT {_entry_columns('m')}, m.previous_state, "
+            "EXISTS (SELECT 1 FROM run_ended) FROM moved AS m"
+        )
         audit_cte = f""", audit AS (
                 INSERT INTO {au} ({_AUDIT_INSERT})
                 SELECT m.operation_id, %(principal)s, %(action)s, %(reason)s, %(attestation)s,
@@ -330,6 +346,7 @@ class _Statements:
             born_committing=_born_statement(j, t, CommitState.COMMITTING),
             cas=cas_head + "\n" + cas_tail,
             cas_audited=cas_head + audit_cte + "\n" + cas_tail,
+            cas_ending_run=cas_head + ", " + run_end + "\n" + cas_ending_tail,
             # The lease predicate mirrors _rules.lease_is_free, judged by the server clock;
             # the history row mirrors _rules.lease_row (tests compare them).
             acquire=f"""
@@ -527,6 +544,7 @@ def _cas_sql(
     next_state: CommitState,
     *,
     audited: bool,
+    ending_run: bool = False,
 ) -> str:
     """The CAS statement of one move, its history rows written in as constants.
 
@@ -553,7 +571,7 @@ def _cas_sql(
                 f"{_literal(t.to_state.value)}::text, {_literal(t.kind)}::text)"
             )
     expected = ", ".join(_literal(s.value) for s in sorted(expected_states, key=lambda s: s.value))
-    template = sql.cas_audited if audited else sql.cas
+    template = sql.cas_audited if audited else sql.cas_ending_run if ending_run else sql.cas
     return (
         template.replace("@EXPECTED@", expected)
         .replace("@NEXT@", _literal(next_state.value))
@@ -1001,6 +1019,52 @@ class PostgresCommitJournal:
             repeatable=False,
             ledger=True,
         )
+
+    def complete_proven_ending_run(
+        self,
+        *,
+        run_id: str,
+        attempt: int,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[JournalEntry, bool]:
+        """``complete_proven`` and ``end_attempt(run_id, attempt, COMPLETE)`` as ONE statement.
+
+        Forward mode's first attempt (ADR 0013): the run ledger's end of the attempt
+        rides on the COMPLETE the fence proves, on the same asynchronous-commit session
+        both used apart. The run moves only when the entry did (a conflict raises
+        ``JournalConflict`` and ends nothing) and only while it is at ``attempt``.
+
+        Returns:
+            ``(entry, run_ended)``: ``run_ended`` False when the run was not at
+            ``attempt`` (the caller ends it the ordinary way, which says why).
+        """
+        _, params = self._complete_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+        )
+        params.update(end_run_id=run_id, end_attempt=int(attempt))
+        query = _cas_sql(
+            self._sql, expected_states, CommitState.COMPLETE, audited=False, ending_run=True
+        )
+        # Never repeated (as complete_proven)
+        row = self._run(
+            "write the journal state and end the run",
+            lambda conn: self._cas_row(conn, query, params, expected_states=expected_states),
+            repeatable=False,
+            ledger=True,
+        )
+        return _entry(row), bool(row[-1])
 
     def compare_and_set_within(
         self,
@@ -1801,9 +1865,20 @@ class PostgresCommitJournal:
         expected_states: frozenset[CommitState],
     ) -> JournalEntry:
         """Run the CAS statement; on zero rows read the entry and raise the conflict."""
-        row = conn.execute(query, params).fetchone()
+        return _entry(self._cas_row(conn, query, params, expected_states=expected_states))
+
+    def _cas_row(
+        self,
+        conn: _Conn | psycopg.Cursor[tuple[Any, ...]],
+        query: str,
+        params: dict[str, Any],
+        *,
+        expected_states: frozenset[CommitState],
+    ) -> tuple[Any, ...]:
+        """``_cas``, returning the statement's row as it is."""
+        row: tuple[Any, ...] | None = conn.execute(query, params).fetchone()
         if row is not None:
-            return _entry(row)
+            return row
         found = conn.execute(self._sql.get, (params["operation_id"],)).fetchone()
         if found is None:
             raise _rules.not_found(params["operation_id"])
@@ -2167,4 +2242,7 @@ if TYPE_CHECKING:
         return journal
 
     def _completes_proven(journal: PostgresCommitJournal) -> ProvenCompletionJournalPort:
+        return journal
+
+    def _ends_runs(journal: PostgresCommitJournal) -> RunEndingLedgerPort:
         return journal
