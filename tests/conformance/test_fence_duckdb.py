@@ -30,6 +30,7 @@ def _query(connector: TargetConnectorPort, sql: str) -> list[tuple[Any, ...]]:
 
 class TestDuckDbFence(FenceConformance):
     capability = FenceCapability.TRANSACTIONAL_MARKER
+    reports_committed_fence = True
 
     @pytest.fixture
     def connector(self, tmp_path: Path) -> Iterator[TargetConnectorPort]:

@@ -38,6 +38,7 @@ def query(dsn: str, statement: str, args: tuple[object, ...] = ()) -> list[tuple
 
 class TestMariadbFence(FenceConformance):
     capability = FenceCapability.TRANSACTIONAL_MARKER
+    reports_committed_fence = True
 
     @pytest.fixture
     def connector(self, mariadb_database: str) -> Iterator[TargetConnectorPort]:

@@ -23,6 +23,7 @@ def _pg(connector: TargetConnectorPort) -> PostgresConnector:
 
 class TestPostgresFence(FenceConformance):
     capability = FenceCapability.TRANSACTIONAL_MARKER
+    reports_committed_fence = True
 
     @pytest.fixture
     def connector(self, pg_available: str, pg_schema: str) -> Iterator[TargetConnectorPort]:

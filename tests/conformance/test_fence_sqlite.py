@@ -22,6 +22,7 @@ def _path(connector: TargetConnectorPort) -> Path:
 
 class TestSqliteFence(FenceConformance):
     capability = FenceCapability.TRANSACTIONAL_MARKER
+    reports_committed_fence = True
 
     @pytest.fixture
     def connector(self, tmp_path: Path) -> Iterator[TargetConnectorPort]:

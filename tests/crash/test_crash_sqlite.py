@@ -145,8 +145,8 @@ FIRST_ATTEMPT = {
         "before:fence.mutate",
         "fence.mutate.before_commit",
         "after:fence.mutate",
-        "before:fence.observe",
-        "after:fence.observe",
+        # no fence read: the acknowledged commit reports its own fence row (ADR 0013);
+        # a resume still observes (resume_points below)
         "before:COMPLETE",
         "after:COMPLETE",
     ],
@@ -191,9 +191,11 @@ def test_kill_during_resume_then_rerun_writes_exactly_once(
 
 
 def test_resume_path_points_are_really_reached(tmp_path: Path) -> None:
-    """Seal and the PREPARED step are met by a resume after a crash in COMMITTING."""
+    """Observe, seal and the PREPARED step are met by a resume after a crash in COMMITTING."""
     resume_points = [
         "after:lease.acquire",
+        "before:fence.observe",
+        "after:fence.observe",
         "before:fence.seal",
         "after:fence.seal",
         "after:PREPARED",

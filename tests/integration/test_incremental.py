@@ -356,7 +356,7 @@ def test_a_replay_catches_the_watermark_up_after_a_completion_without_it(
     _sqlite_source(tmp_path / "src.db", [(1, "a", "2026-11-01 01:00:00")])
     w = _workload(tmp_path, {"kind": "sqlite_table", "url": "sqlite:///src.db", "table": "events"})
     with (
-        Runner(w, environ={"DPONE_FAILPOINTS": "before:fence.observe=raise"}) as runner,
+        Runner(w, environ={"DPONE_FAILPOINTS": "after:fence.mutate=raise"}) as runner,
         pytest.raises(InjectedFault),
     ):
         runner.run(interval=DAY1)  # committed in the target, the journal says COMMITTING

@@ -1152,3 +1152,120 @@ def test_list_by_state_stays_fast_with_a_million_entries(
     assert time.perf_counter() - started < 0.050
     assert len(old) == 10
     assert all(e.updated_at < cutoff for e in old)
+
+
+# ---------------------------------------------------------------------- the run's end (ADR 0013)
+def _born_with_run(journal: PostgresCommitJournal) -> tuple[Any, JournalEntry]:
+    """A new run at attempt 1 and its entry born COMMITTING (forward first attempt)."""
+    start = new_start()
+    entry, recorded = journal.create_committing_with_run(
+        start,
+        provenance=CLI,
+        operation_id=start.operation_id,
+        intent_digest=DIGEST,
+        metadata={"workload_id": "orders"},
+        actor=OWNER_A,
+        lease_ttl_seconds=30,
+        evidence={"fence_epoch": 1},
+    )
+    assert recorded
+    return start, entry
+
+
+def _completion(entry: JournalEntry) -> dict[str, Any]:
+    return {
+        "operation_id": entry.operation_id,
+        "expected_version": entry.version,
+        "expected_states": frozenset({entry.state}),
+        "lease_epoch": entry.lease_epoch,
+        "actor": OWNER_A,
+        "result": {"rows_written": 3, "fence_epoch": 1},
+        "evidence": {"fence_state": "committed", "fence_epoch": 1, "row_count": 3},
+    }
+
+
+def _ledger_shape(journal: PostgresCommitJournal, run_id: str) -> tuple[object, ...]:
+    run = journal.get_run(run_id)
+    assert run is not None
+    return (
+        run.state,
+        run.current_attempt,
+        run.error,
+        [(a.attempt, a.owner, a.state, a.error_code, a.ended_at is None) for a in
+         journal.attempts(run_id)],
+    )  # fmt: skip
+
+
+def test_the_complete_and_the_run_end_are_one_statement(
+    journal: PostgresCommitJournal, pg_available: str, pg_schema: str
+) -> None:
+    """ADR 0013: the entry, its history, the run and attempt 1 as complete_proven and
+    end_attempt leave them, all in one transaction (one xmin)."""
+    folded, folded_entry = _born_with_run(journal)
+    unfolded, unfolded_entry = _born_with_run(journal)
+    done, ended = journal.complete_proven_ending_run(
+        run_id=folded.run_id, attempt=1, **_completion(folded_entry)
+    )
+    assert ended is True
+    plain = journal.complete_proven(**_completion(unfolded_entry))
+    journal.end_attempt(run_id=unfolded.run_id, attempt=1, state=RunState.COMPLETE)
+    same = ("state", "version", "lease_owner", "lease_epoch", "result", "intent_digest")
+    assert [getattr(done, f) for f in same] == [getattr(plain, f) for f in same]
+    assert done.state is S.COMPLETE
+    assert journal.get(folded.operation_id) == done
+    assert _history_shape(journal, folded.operation_id) == _history_shape(
+        journal, unfolded.operation_id
+    )
+    assert _ledger_shape(journal, folded.run_id) == _ledger_shape(journal, unfolded.run_id)
+    assert _ledger_shape(journal, folded.run_id) == (
+        RunState.COMPLETE,
+        1,
+        None,
+        [(1, OWNER_A, AttemptState.COMPLETE, None, False)],
+    )
+    s = f'"{pg_schema}"'
+    with psycopg.connect(pg_available) as conn:
+        xids = {
+            conn.execute(query, (value,)).fetchone()[0]  # type: ignore[index]
+            for query, value in (
+                (f"SELECT xmin::text FROM {s}.dpone_journal WHERE operation_id = %s",
+                 folded.operation_id),
+                (f"SELECT xmin::text FROM {s}.dpone_runs WHERE run_id = %s", folded.run_id),
+                (f"SELECT xmin::text FROM {s}.dpone_run_attempts WHERE run_id = %s",
+                 folded.run_id),
+            )
+        }  # fmt: skip
+    assert len(xids) == 1, xids
+
+
+def test_a_refused_complete_ends_no_run(journal: PostgresCommitJournal) -> None:
+    """The entry did not move (stale version, or another epoch): nothing of the run moves."""
+    start, entry = _born_with_run(journal)
+    before = _ledger_shape(journal, start.run_id)
+    for stale in (
+        {"expected_version": entry.version - 1},
+        {"lease_epoch": entry.lease_epoch + 1},
+        {"expected_states": frozenset({S.TARGET_COMMITTED})},
+    ):
+        with pytest.raises(JournalConflict):
+            journal.complete_proven_ending_run(
+                run_id=start.run_id, attempt=1, **{**_completion(entry), **stale}
+            )
+    assert journal.get(start.operation_id) == entry
+    assert _ledger_shape(journal, start.run_id) == before
+    assert before[0] is RunState.RUNNING
+
+
+def test_a_run_at_another_attempt_is_not_ended_by_the_complete(
+    journal: PostgresCommitJournal,
+) -> None:
+    """The run moved on to attempt 2: the entry completes, the run is left to its owner."""
+    start, entry = _born_with_run(journal)
+    journal.begin_attempt(run_id=start.run_id, attempt=2, owner=OWNER_B, provenance=CLI)
+    before = _ledger_shape(journal, start.run_id)
+    done, ended = journal.complete_proven_ending_run(
+        run_id=start.run_id, attempt=1, **_completion(entry)
+    )
+    assert (done.state, ended) == (S.COMPLETE, False)
+    assert _ledger_shape(journal, start.run_id) == before
+    assert before[:2] == (RunState.RUNNING, 2)

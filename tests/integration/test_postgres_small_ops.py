@@ -21,6 +21,7 @@ from dpone.api import Runner
 from dpone.config.workload import Workload, parse_workload, replace
 from dpone.contracts.states import CommitState
 from dpone.errors import (
+    CommittedIncomplete,
     FenceUnavailable,
     InjectedFault,
     IntentConflict,
@@ -457,3 +458,63 @@ def test_forward_complete_needs_no_flush_and_survives_a_journal_crash(
         store.close()
     with psycopg.connect(pg_available, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+def test_forward_first_attempt_ends_its_run_with_the_complete(
+    tmp_path: Path, pg_available: str, pg_schema: str
+) -> None:
+    """ADR 0013: the entry's COMPLETE and the end of attempt 1 are one journal transaction.
+
+    The ledger reads as before (run COMPLETE at attempt 1, attempt 1 COMPLETE and ended);
+    a fault raised right after that write leaves the run COMPLETE, as the journal says.
+    """
+    for i in range(3):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal)
+    try:
+        with Runner(workload) as runner:
+            done = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(2)]
+            failpoints.configure("after:COMPLETE=raise")
+            try:
+                # the protocol reports a fault after its COMPLETE as an incomplete commit
+                with pytest.raises(CommittedIncomplete):
+                    runner.run(interval=INTERVAL, partition="2")
+            finally:
+                failpoints.configure(None)
+            replay = runner.run(interval=INTERVAL, partition="2")
+        assert [(r.attempt, r.resumed, r.replayed) for r in done] == [(1, False, False)] * 2
+        assert (replay.replayed, replay.attempt) == (True, 1)
+        ledger = _ledger(journal, pg_schema)
+        assert [(state, current, [(n, s) for n, s, _ in attempts])
+                for _, state, current, attempts in ledger] == [
+            ("COMPLETE", 1, [(1, "COMPLETE")])
+        ] * 3  # fmt: skip
+        s = f'"{pg_schema}"'
+        with psycopg.connect(journal) as conn:
+            for result in done:
+                xids = {
+                    row[0]
+                    for query, value in (
+                        (f"SELECT xmin::text FROM {s}.dpone_journal WHERE operation_id = %s",
+                         result.operation_id),
+                        (f"SELECT xmin::text FROM {s}.dpone_runs WHERE run_id = %s",
+                         result.run_id),
+                        (f"SELECT xmin::text FROM {s}.dpone_run_attempts WHERE run_id = %s",
+                         result.run_id),
+                    )
+                    for row in conn.execute(query, (value,)).fetchall()
+                }  # fmt: skip
+                assert len(xids) == 1, xids
+        reader = PostgresCommitJournal(journal, schema=pg_schema)
+        try:
+            for result in (*done, replay):
+                assert (
+                    ledger_problems(reader, operation_id=result.operation_id, journal_epoch=1) == []
+                ), result.operation_id
+        finally:
+            reader.close()
+        assert len(_rows(pg_available, pg_schema)) == 9
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')

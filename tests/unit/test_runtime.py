@@ -401,3 +401,70 @@ def test_stale_first_attempt_restarts_and_replays(world: World) -> None:
     assert a.state is S.COMPLETE
     assert a.replayed
     assert len(world.target.rows()) == len(ROWS)
+
+
+class ReportingConnector(InMemoryConnector):
+    """Reports the fence row its commit left (``MutationReport.committed``); counts reads.
+
+    ``tamper`` rewrites the reported row, to show the protocol does not take a row that
+    is not the commit at its own epoch and intent as proof.
+    """
+
+    def __init__(self, world: World, tamper: dict[str, object] | None = None) -> None:
+        super().__init__(store=world.target._store)  # the same target
+        self.observed = 0
+        self.tamper = tamper or {}
+
+    def mutate(self, **kwargs: object) -> MutationReport:  # type: ignore[override]
+        report = super().mutate(**kwargs)  # type: ignore[arg-type]
+        committed = super().observe(operation_id=str(kwargs["operation_id"]))
+        return dataclasses.replace(
+            report,
+            committed=dataclasses.replace(committed, **self.tamper),  # type: ignore[arg-type]
+        )
+
+    def observe(self, *, operation_id: str) -> FenceObservation:
+        self.observed += 1
+        return super().observe(operation_id=operation_id)
+
+
+def test_a_reported_commit_needs_no_fence_read(world: World) -> None:
+    """ADR 0013: the acknowledged commit's own fence row proves it; COMPLETE as before."""
+    connector = ReportingConnector(world)
+    failpoints.configure("before:fence.observe=raise")  # any read would fail the run
+    result = world.executor(connector=connector).run(spec())
+    assert (result.state, result.rows_written, connector.observed) == (S.COMPLETE, len(ROWS), 0)
+    [*_, complete] = world.journal.history(OP)
+    assert dict(complete.evidence) == {
+        "fence_state": "committed",
+        "fence_epoch": 1,
+        "row_count": len(ROWS),
+    }
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        {"epoch": 7},
+        {"status": FenceStatus.PREPARED},
+        {"intent_digest": "sha256:" + "9" * 64},
+    ],
+)
+def test_a_reported_row_that_is_not_our_commit_is_checked_by_a_read(
+    world: World, tamper: dict[str, object]
+) -> None:
+    """Another epoch, state or intent in the report is no proof: the fence is read."""
+    connector = ReportingConnector(world, tamper)
+    result = world.executor(connector=connector).run(spec())
+    assert (result.state, connector.observed) == (S.COMPLETE, 1)
+    assert len(world.target.rows()) == len(ROWS)
+
+
+def test_a_failed_mutate_still_settles_by_the_fence(world: World) -> None:
+    """No report (the write raised): the outcome is proven by seal, as before."""
+    connector = ReportingConnector(world)
+    failpoints.configure("fence.mutate.before_commit=raise")
+    with pytest.raises(InjectedFault):
+        world.executor(connector=connector).run(spec())
+    assert world.state() is S.FAILED_PRE_COMMIT
+    assert world.target.rows() == []

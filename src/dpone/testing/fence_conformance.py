@@ -88,6 +88,10 @@ class FenceConformance:
     capability: ClassVar[FenceCapability | None] = None
     #: The load strategies the connector supports; each is tested, the others are not.
     strategies: ClassVar[frozenset[LoadStrategy]] = frozenset(LoadStrategy)
+    #: True when the connector's ``mutate`` reports the committed fence row
+    #: (``MutationReport.committed``) on every path; the suite then requires it. Either
+    #: way, a reported row must be what ``observe`` reads afterwards (every mutate here).
+    reports_committed_fence: ClassVar[bool] = False
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Parametrize the strategy test with the strategies this connector declares."""
@@ -171,10 +175,13 @@ class FenceConformance:
         batch_size: int = 2,
         prepare: bool = False,
     ) -> MutationReport:
-        """Call ``mutate`` with ``rows`` split into batches of ``batch_size``."""
+        """Call ``mutate`` with ``rows`` split into batches of ``batch_size``.
+
+        A committed fence row the report carries is checked against ``observe``.
+        """
         operation_id, intent_digest = operation
         batches = [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
-        return connector.mutate(
+        report = connector.mutate(
             operation_id=operation_id,
             intent_digest=intent_digest,
             epoch=epoch,
@@ -184,6 +191,21 @@ class FenceConformance:
             within=within,
             prepare=prepare,
         )
+        self.check_reported_commit(connector, operation_id, report)
+        return report
+
+    @staticmethod
+    def check_reported_commit(
+        connector: TargetConnectorPort, operation_id: str, report: MutationReport
+    ) -> None:
+        """A committed fence row in ``report`` is exactly what ``observe`` reads now."""
+        if report.committed is None:
+            return
+        seen = connector.observe(operation_id=operation_id)
+        assert report.committed == seen, (report.committed, seen)
+        assert report.committed.status is FenceStatus.COMMITTED
+        assert report.committed.row_count == report.row_count
+        assert report.committed.content_digest == report.content_digest
 
     def load(
         self,
@@ -259,6 +281,44 @@ class FenceConformance:
         assert (seen.epoch, seen.intent_digest, seen.row_count) == (3, intent, 5)
         assert seen.content_digest == report.content_digest
         assert self.count_rows(connector, self.table) == seen.row_count
+
+    @needs(_MARKER)
+    def test_a_reported_commit_is_what_observe_reads(self, connector: TargetConnectorPort) -> None:
+        """Every write path: the committed fence row ``mutate`` reports is what observe reads.
+
+        The protocol takes a reported row as the proof of the commit instead of reading
+        the fence again (ADR 0013), so it must be exactly the row left committed: the
+        epoch, the intent (none for a fence installed by ``seal``), the count and digest.
+        """
+        many = [(i, f"v{i}", "2026-11-01 10:00:00") for i in range(1200)]
+        paths: list[tuple[str, Sequence[Row], int, str]] = [
+            ("prepared, a new table", [(1, "a", None), (2, "b", None)], 2, "prepare"),
+            ("prepare in the write", [(3, "c", None)], 3, "in-write"),
+            ("prepared again", [(4, "d", None), (5, "e", None)], 1, "prepare"),
+            ("installed by seal", [(6, "f", None)], 5, "seal"),
+            ("many rows, prepare in the write", many, 7, "in-write"),
+            ("many rows, prepared", many, 2, "prepare"),
+        ]
+        for name, rows, epoch, how in paths:
+            op, intent = self.new_operation()
+            if how == "prepare":
+                connector.prepare(operation_id=op, intent_digest=intent, epoch=epoch)
+            elif how == "seal":
+                connector.seal(operation_id=op, epoch=epoch)
+            report = self.mutate(
+                connector,
+                (op, intent),
+                epoch=epoch,
+                rows=rows,
+                prepare=how == "in-write",
+                batch_size=500,
+            )
+            if self.reports_committed_fence:
+                assert report.committed is not None, name
+            if report.committed is not None:
+                assert report.committed.epoch == epoch, name
+                expected = None if how == "seal" else intent
+                assert report.committed.intent_digest == expected, name
 
     @needs(_MARKER)
     def test_mutate_at_a_stale_epoch_writes_nothing(self, connector: TargetConnectorPort) -> None:
