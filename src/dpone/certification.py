@@ -281,6 +281,12 @@ def _fence_probe(route: Route, table: str, check: Check) -> None:
     seen = connector.observe(operation_id=op)
     expect((seen.status, seen.row_count) == (FenceStatus.COMMITTED, 5), "commit is observable")
     expect(report.row_count == 5, "mutate reports its rows")
+    # forward mode takes a reported committed row as the proof instead of observing
+    # (ADR 0013): it must be exactly the row observe reads
+    expect(
+        report.committed is None or report.committed == seen,
+        "a reported commit is what observe reads",
+    )
     expect(
         _refused(
             lambda: connector.mutate(
