@@ -8,13 +8,13 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
 from itertools import chain
 from operator import itemgetter
 from typing import Any
 
+import msgspec
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -109,8 +109,7 @@ def _reserved_schema(schema: str) -> bool:
     return schema == "information_schema" or schema.startswith("pg_")
 
 
-@dataclass(frozen=True, slots=True)
-class _Table:
+class _Table(msgspec.Struct, frozen=True):
     schema: str
     name: str
 
@@ -143,8 +142,7 @@ def _parse_table(table: str, *, fence_schema: str) -> _Table:
     return _Table(schema=schema, name=name)
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
+class _Plan(msgspec.Struct, frozen=True):
     """A validated plan with every identifier folded."""
 
     table: _Table
@@ -437,8 +435,7 @@ def _observation(row: _FenceRow | None) -> FenceObservation:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Statements:
+class _Statements(msgspec.Struct, frozen=True):
     """The fence statements of one connector, composed once with its quoted schema."""
 
     connect: sql.Composed
@@ -556,8 +553,7 @@ _UNIQUE_KEYS = (
 _WRITABLE_KINDS = frozenset({"r", "p"})  # ordinary and partitioned tables
 
 
-@dataclass(frozen=True, slots=True)
-class _TableInfo:
+class _TableInfo(msgspec.Struct, frozen=True):
     oid: int
     kind: str
     columns: frozenset[str]
