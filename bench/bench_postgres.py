@@ -109,7 +109,7 @@ def _dpone_run(work: Path, name: str) -> list[str]:
 
 
 def remember_parse(path: Path) -> None:
-    """Leave ``path``'s parse in the workload cache, as an earlier run of it did (ADR 0014)."""
+    """Leave ``path``'s parse in the workload cache, as an earlier run of it did (ADR 0015)."""
     from dpone.config.workload import load_workload
 
     load_workload(path)
@@ -440,7 +440,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dpone-pgbench-"))
-    # the runs' workload cache (ADR 0014), this bench's own: cold rounds never find their
+    # the runs' workload cache (ADR 0015), this bench's own: cold rounds never find their
     # file's parse there; --warm rounds find it, as every later run of a file does
     os.environ["DPONE_CACHE_DIR"] = str(work / "cache")
     compile_dpone()

@@ -252,7 +252,7 @@ def duckdb_round(work: Path, i: int, *, warm: bool = False) -> dict[str, float]:
     """One round; who goes first rotates (page cache and disk state favour no one).
 
     With ``warm`` the journal exists beforehand (a 1-row load into another file, untimed)
-    and so does the workload file's parse in the workload cache (ADR 0014), as on every
+    and so does the workload file's parse in the workload cache (ADR 0015), as on every
     later run of the same file.
     """
     data = str(work / "orders.csv")
@@ -353,7 +353,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dpone-targets-"))
-    # the runs' workload cache (ADR 0014), this bench's own: cold rounds never find their
+    # the runs' workload cache (ADR 0015), this bench's own: cold rounds never find their
     # file's parse there; --warm rounds find it, as every later run of a file does
     os.environ["DPONE_CACHE_DIR"] = str(work / "cache")
     compile_dpone()

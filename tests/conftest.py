@@ -10,6 +10,6 @@ pytest_plugins = [
     "tests.fixtures.s3",
 ]
 
-# The workload cache (ADR 0014) of this test session, not the user's: every process the
+# The workload cache (ADR 0015) of this test session, not the user's: every process the
 # tests start inherits it. Tests of the cache itself set their own.
 os.environ.setdefault("DPONE_CACHE_DIR", tempfile.mkdtemp(prefix="dpone-test-cache-"))

@@ -1,4 +1,4 @@
-"""The workload cache (ADR 0014): a file run before is validated from its kept parse.
+"""The workload cache (ADR 0015): a file run before is validated from its kept parse.
 
 What must hold: the same ``Workload`` whether parsed or taken from the cache; PyYAML is
 not imported on a hit; the cache is only ever a speed-up (a corrupt, foreign or

@@ -60,7 +60,7 @@ def prefetch_run_source(args: list[str]) -> None:
 
         file = Path(name)
         content = file.read_bytes()
-        data = _parsed.cached(content)  # a file run before: no PyYAML (ADR 0014)
+        data = _parsed.cached(content)  # a file run before: no PyYAML (ADR 0015)
         if data is _parsed.MISS:
             import yaml
 

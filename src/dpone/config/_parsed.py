@@ -3,7 +3,7 @@
 Importing PyYAML and parsing a workload costs 15-30 ms of every ``dpone run`` and every
 Airflow DAG parse, for a file that rarely changes. This module keeps the *parsed* YAML
 document (plain mappings, lists, strings, numbers, booleans and nulls) under the
-SHA-256 of the file's bytes and the installed PyYAML's stamp (ADR 0014). Validation is
+SHA-256 of the file's bytes and the installed PyYAML's stamp (ADR 0015). Validation is
 not cached: every load still validates the document into a ``Workload``.
 
 A cached document is as trusted as the workload file itself, so the cache is used only

@@ -1038,7 +1038,7 @@ def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload file; every problem is a ``ConfigInvalid``.
 
     The parsed YAML of a file read before is taken from the workload cache
-    (``dpone.config._parsed``, ADR 0014) without importing PyYAML; it is validated
+    (``dpone.config._parsed``, ADR 0015) without importing PyYAML; it is validated
     like a fresh parse.
     """
     from dpone.config import _parsed
