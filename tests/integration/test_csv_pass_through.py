@@ -20,6 +20,7 @@ import duckdb
 import psycopg
 import pytest
 
+from dpone.adapters.connectors import postgres as pg_connector
 from dpone.adapters.connectors.duckdb import DuckDbConnector
 from dpone.adapters.connectors.postgres import PostgresConnector
 from dpone.adapters.sources import _passthrough, _prefetch
@@ -291,6 +292,33 @@ def test_pg_merge_and_replace_pass_through(
         connector.close()
     assert [r[0] for r in _pg_rows(pg, "r")] == [2, 2, 3]
     assert passed == [2, 3, 2, 3]
+
+
+def test_pg_a_large_file_into_a_table_already_checked_still_passes_through(
+    pg: tuple[str, str], tmp_path: Path, passed: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the table is checked, a small load is read ahead for the one-statement path;
+    a large file must not be: its rows would be taken from the stream, and the file
+    parsed in Python instead of passing through COPY (every daily load into an existing
+    table did this before)."""
+    schema = pg[1]
+    monkeypatch.setattr(pg_connector, "SMALL_FILE_BYTES", 64)  # a test-sized "large" file
+    header = "id,name,amount,note\n"
+    first = _write(tmp_path / "1.csv", header + "1,a,1,x\n")
+    second = _write(tmp_path / "2.csv", header + "2,b,2,x\n")
+    large = _write(tmp_path / "3.csv", header + "".join(f"{i},n,{i},x\n" for i in range(3, 1204)))
+    small = _write(tmp_path / "4.csv", header + "1204,c,3,y\n")
+    assert pg_connector.SMALL_ROWS < 1201
+    assert small.stat().st_size <= 64 < large.stat().st_size
+    connector = _pg_connector(pg, "big")
+    try:
+        # the first load creates the table, the second finds it and checks it
+        for path, count in ((first, 1), (second, 1), (large, 1201), (small, 1)):
+            assert _mutate(connector, path, _plan(f"{schema}.big"), raw=True)[:2] == (count, count)
+    finally:
+        connector.close()
+    assert passed == [1, 1, 1201]  # the last, small file took the one-statement path
+    assert [r[0] for r in _pg_rows(pg, "big")] == list(range(1, 1205))
 
 
 # ----------------------------------------------------------------- DuckDB

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from dpone.adapters.journal.memory import InMemoryCommitJournal
@@ -384,7 +384,7 @@ def test_stale_first_attempt_restarts_and_replays(world: World) -> None:
     """A first attempt overtaken between create and COMMITTING ends in a replay, not an error."""
     import threading
 
-    s = dataclasses.replace(spec(), lease_ttl_seconds=0.05)
+    s = msgspec.structs.replace(spec(), lease_ttl_seconds=0.05)
     failpoints.configure("after:journal.create=sleep(0.3)")
     results = {}
 

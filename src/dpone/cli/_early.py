@@ -56,14 +56,19 @@ def prefetch_run_source(args: list[str]) -> None:
         name = _workload_argument(args)
         if name is None:
             return
-        import yaml
+        from dpone.config import _parsed
 
         file = Path(name)
-        text = file.read_text(encoding="utf-8")
-        if hasattr(yaml, "CSafeLoader"):  # libyaml: a safe loader, in C
-            data = yaml.load(text, Loader=yaml.CSafeLoader)
-        else:
-            data = yaml.safe_load(text)
+        content = file.read_bytes()
+        data = _parsed.cached(content)  # a file run before: no PyYAML (ADR 0015)
+        if data is _parsed.MISS:
+            import yaml
+
+            text = content.decode("utf-8")
+            if hasattr(yaml, "CSafeLoader"):  # libyaml: a safe loader, in C
+                data = yaml.load(text, Loader=yaml.CSafeLoader)
+            else:
+                data = yaml.safe_load(text)
         if not isinstance(data, dict) or "publication" in data:
             return
         source = data.get("source")

@@ -10,9 +10,10 @@ import functools
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+
+import msgspec
 
 import dpone
 from dpone.contracts.audit import Audits, CustomAudit
@@ -87,8 +88,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunContext:
+class RunContext(msgspec.Struct, frozen=True, kw_only=True):
     """Who asks for the run, by logical identity only (never a try number or host).
 
     Outside Airflow both DAG fields are ``"-"``; the Airflow operator fills them from the
@@ -99,8 +99,7 @@ class RunContext:
     dag_run_logical_identity: str = CLI_DAG_ID
 
 
-@dataclass(slots=True)
-class Route:
+class Route(msgspec.Struct):
     """The wired adapters of one workload; close it when done."""
 
     journal: CommitJournalPort
@@ -108,7 +107,7 @@ class Route:
     atomic: TransactionalJournalPort | None = None
     #: False when policy requires certification and this route has no valid evidence
     auto_recover: bool = True
-    closed: bool = field(default=False)
+    closed: bool = False
 
     def close(self) -> None:
         """Close every adapter (idempotent)."""

@@ -10,10 +10,12 @@ import glob
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import cast
+
+import msgspec
 
 from dpone.contracts.identity import Interval, digest_of, parse_interval
 from dpone.contracts.load import Column
@@ -359,7 +361,7 @@ class Publication:
         spec = plan_operation(
             self.workload, route, src, interval=self.interval, partition=partition, context=context
         )
-        spec = replace(
+        spec = msgspec.structs.replace(
             spec,
             intent_digest=digest_of(
                 {

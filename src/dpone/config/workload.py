@@ -1035,12 +1035,19 @@ def parse_workload(data: Any, *, base_dir: Path) -> Workload:
 
 
 def load_workload(path: str | Path) -> Workload:
-    """Read and validate a workload file; every problem is a ``ConfigInvalid``."""
-    import yaml
+    """Read and validate a workload file; every problem is a ``ConfigInvalid``.
+
+    The parsed YAML of a file read before is taken from the workload cache
+    (``dpone.config._parsed``, ADR 0015) without importing PyYAML; it is validated
+    like a fresh parse.
+    """
+    from dpone.config import _parsed
 
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        raw = file.read_bytes()
+        # what read_text gives: universal newlines
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except FileNotFoundError:
         raise ConfigInvalid(
             f"workload file {file} does not exist",
@@ -1051,8 +1058,19 @@ def load_workload(path: str | Path) -> Workload:
         raise ConfigInvalid(
             f"workload file {file} cannot be read ({type(exc).__name__})", field="workload"
         ) from None
+    data = _parsed.cached(raw)
+    if data is _parsed.MISS:
+        data = _parse_yaml(file, text)
+        _parsed.remember(raw, data)
+    return parse_workload(data, base_dir=file.resolve().parent)
+
+
+def _parse_yaml(file: Path, text: str) -> Any:
+    """The YAML document of a workload file (PyYAML's safe loader)."""
+    import yaml
+
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -1068,7 +1086,6 @@ def load_workload(path: str | Path) -> Workload:
             field="workload",
             hint="start from the README's workload example",
         ) from None
-    return parse_workload(data, base_dir=file.resolve().parent)
 
 
 # ------------------------------------------------------------------ helpers for callers

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 __all__ = ["Audits", "CustomAudit"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CustomAudit:
+class CustomAudit(msgspec.Struct, frozen=True, kw_only=True):
     """A named SELECT whose result rows are violations; ``{table}`` names the target table."""
 
     name: str
     query: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Audits:
+class Audits(msgspec.Struct, frozen=True, kw_only=True):
     """The audits of one workload; all must pass for the write to be published.
 
     ``min_rows`` / ``max_rows`` bound the rows this operation writes; ``not_null``,

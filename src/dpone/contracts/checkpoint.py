@@ -12,8 +12,9 @@ Moments are integer microseconds since the Unix epoch (UTC): exact, comparable i
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+import msgspec
 
 from dpone.contracts.identity import Interval, digest_of
 
@@ -53,8 +54,7 @@ def stream_id(*, workload_id: str, deployment_id: str, partition: str, target_id
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointAdvance:
+class CheckpointAdvance(msgspec.Struct, frozen=True, kw_only=True):
     """What a completing operation contributes to its stream's checkpoint."""
 
     stream_id: str
@@ -88,8 +88,7 @@ class CheckpointAdvance:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Checkpoint:
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
     """A stream's checkpoint as stored in the journal."""
 
     stream_id: str

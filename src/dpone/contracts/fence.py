@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from dpone.errors import FencedOut, IntentConflict
 
@@ -41,8 +42,7 @@ class FenceStatus(str, enum.Enum):
     UNKNOWN = "unknown"  # the connector cannot tell (capability none)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FenceObservation:
+class FenceObservation(msgspec.Struct, frozen=True, kw_only=True):
     """A read of the fence: status plus safe evidence."""
 
     status: FenceStatus
@@ -100,8 +100,7 @@ class SealOutcome(str, enum.Enum):
     UNKNOWN = "unknown"  # the connector cannot prove anything
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SealResult:
+class SealResult(msgspec.Struct, frozen=True, kw_only=True):
     """Outcome of ``seal`` with the observation it was based on."""
 
     outcome: SealOutcome

@@ -7,9 +7,10 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NewType
+
+import msgspec
 
 from dpone.errors import ConfigInvalid, UnsafeValue
 
@@ -103,8 +104,7 @@ def _check_stable_text(name: str, value: str) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Interval:
+class Interval(msgspec.Struct, frozen=True, kw_only=True):
     """A half-open UTC interval ``[start, end)``."""
 
     start: datetime

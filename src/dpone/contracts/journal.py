@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.states import CommitState
@@ -12,8 +12,7 @@ __all__ = ["AuditRecord", "AuditRequest", "JournalEntry", "Transition", "Transit
 TransitionKind = str  # "create" | "transition" | "fold" | "lease"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JournalEntry:
+class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One operation's durable record. Times are seconds since the epoch, journal clock."""
 
     operation_id: str
@@ -29,8 +28,7 @@ class JournalEntry:
     updated_at: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Transition:
+class Transition(msgspec.Struct, frozen=True, kw_only=True):
     """One history row. A fold writes one row per step, all with the same version."""
 
     operation_id: str
@@ -45,8 +43,7 @@ class Transition:
     at: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AuditRequest:
+class AuditRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What an operator action asks the journal to record with its state change."""
 
     principal: str
@@ -55,8 +52,7 @@ class AuditRequest:
     attestation: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AuditRecord:
+class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
     """An audited operator action: who, when, what, before and after."""
 
     operation_id: str

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from dpone.contracts.audit import Audits
 from dpone.contracts.fence import FenceObservation
@@ -47,16 +48,14 @@ class ColumnType(str, enum.Enum):
     TIMESTAMP = "timestamp"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Column:
+class Column(msgspec.Struct, frozen=True, kw_only=True):
     """One column of the rows a source yields."""
 
     name: str
     type: ColumnType
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoadPlan:
+class LoadPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a connector needs to apply one operation's rows."""
 
     table: str  # "table" or "schema.table", validated identifiers
@@ -69,8 +68,7 @@ class LoadPlan:
     audits: Audits | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MutationReport:
+class MutationReport(msgspec.Struct, frozen=True, kw_only=True):
     """What a committed mutation wrote, as recorded in the fence."""
 
     row_count: int

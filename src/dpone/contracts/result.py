@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from dpone.contracts.states import CommitState
 
@@ -17,8 +18,7 @@ class RunMode(str, enum.Enum):
     FORWARD_RECOVERY = "forward_recovery"  # separate systems: fence + journal + resume
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OperationResult:
+class OperationResult(msgspec.Struct, frozen=True, kw_only=True):
     """What ``run_operation`` returns when the operation is COMPLETE."""
 
     operation_id: str

@@ -11,9 +11,10 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar
+
+import msgspec
 
 from dpone.contracts.evidence import SafeMapping, Scalar, looks_secret, safe_mapping
 from dpone.contracts.identity import digest_of
@@ -86,8 +87,7 @@ PROVENANCE_KEYS: frozenset[str] = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CliProvenance:
+class CliProvenance(msgspec.Struct, frozen=True, kw_only=True):
     """A ``dpone run`` from a shell: OS user, host and the command line (secret-checked)."""
 
     kind: ClassVar[str] = "cli"
@@ -101,8 +101,7 @@ class CliProvenance:
         return _safe({"kind": self.kind, "user": self.user, "host": self.host, "command": command})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ApiProvenance:
+class ApiProvenance(msgspec.Struct, frozen=True, kw_only=True):
     """A call through :mod:`dpone.api`: the caller names itself (and an optional reference)."""
 
     kind: ClassVar[str] = "api"
@@ -120,8 +119,7 @@ class ApiProvenance:
         return _safe(values)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AirflowProvenance:
+class AirflowProvenance(msgspec.Struct, frozen=True, kw_only=True):
     """An Airflow task try: DAG, DAG run, task, try number and map index.
 
     The try number is provenance only: it never enters the operation's identity.
@@ -157,8 +155,7 @@ def _safe(values: Mapping[str, object]) -> SafeMapping:
     return safe_mapping(values, allowed=PROVENANCE_KEYS)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AccessContext:
+class AccessContext(msgspec.Struct, frozen=True, kw_only=True):
     """Who runs, and which connections by *name* (env variable or credential-free locator).
 
     Only the names and a digest of them are stored; a resolved URL or password never is.
@@ -188,8 +185,7 @@ class AccessContext:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunError:
+class RunError(msgspec.Struct, frozen=True, kw_only=True):
     """The safe summary of the error a run or attempt ended with."""
 
     code: str
@@ -212,8 +208,7 @@ class RunError:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunStart:
+class RunStart(msgspec.Struct, frozen=True, kw_only=True):
     """The fields a run is recorded with before anything executes; fixed for its life."""
 
     run_id: str
@@ -222,12 +217,11 @@ class RunStart:
     request_hash: str
     definition_hash: str
     access_digest: str
-    access: SafeMapping = field(default_factory=lambda: MappingProxyType({}))
-    provenance: SafeMapping = field(default_factory=lambda: MappingProxyType({}))
+    access: SafeMapping = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    provenance: SafeMapping = msgspec.field(default_factory=lambda: MappingProxyType({}))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunRecord:
+class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One run as the ledger holds it."""
 
     run_id: str
@@ -250,8 +244,7 @@ class RunRecord:
         return self.state in (RunState.RUNNING, RunState.UNRESOLVED)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AttemptRecord:
+class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One attempt (one lease epoch) of a run."""
 
     run_id: str

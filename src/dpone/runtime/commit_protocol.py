@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import cast
+
+import msgspec
 
 from dpone.contracts.checkpoint import CheckpointAdvance
 from dpone.contracts.evidence import safe_mapping
@@ -67,8 +68,7 @@ class Unread:
 UNREAD = Unread()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OperationSpec:
+class OperationSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the protocol needs to run one operation; identity already derived."""
 
     operation_id: str
@@ -82,8 +82,7 @@ class OperationSpec:
     checkpoint: CheckpointAdvance | None = None
 
 
-@dataclass(slots=True, kw_only=True)
-class RunFold:
+class RunFold(msgspec.Struct, kw_only=True):
     """The run ledger's part of a folded atomic first attempt (ADR 0008).
 
     Offered by the run service when the run is new. ``write`` records the run COMPLETE

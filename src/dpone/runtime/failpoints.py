@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+
+import msgspec
 
 from dpone.errors import ConfigInvalid, InjectedFault
 
@@ -83,8 +84,7 @@ _KNOWN = frozenset(FAILPOINT_NAMES + DELIVERY_FAILPOINT_NAMES + PUBLICATION_FAIL
 _ACTION_RE = re.compile(r"^(kill|raise|hang|sleep\((\d+(?:\.\d+)?)\))(?:@(\d+))?$")
 
 
-@dataclass(slots=True)
-class _Point:
+class _Point(msgspec.Struct):
     action: str
     seconds: float
     nth: int | None

@@ -15,8 +15,9 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
+
+import msgspec
 
 from dpone.errors import DponeError, ErrorCode, Retryability
 from dpone.runtime._log import LazyLogger
@@ -52,8 +53,7 @@ NEVER_RETRY: frozenset[ErrorCode] = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """How often and how long one invocation retries transient failures.
 
     Args:
@@ -86,8 +86,7 @@ class RetryPolicy:
         return min(self.wait_max_seconds, base + jitter)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryNotice:
+class RetryNotice(msgspec.Struct, frozen=True, kw_only=True):
     """One scheduled retry: its number, the wait before it, and the error that caused it."""
 
     retry: int

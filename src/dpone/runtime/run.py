@@ -17,11 +17,11 @@ before anything is dispatched on it. A replay of a key returns the existing run:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import cast
+
+import msgspec
 
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.identity import is_operation_id
@@ -68,8 +68,7 @@ _NOTHING_TO_DISPATCH = frozenset({CommitState.COMPLETE, CommitState.COMMIT_UNKNO
 ProtocolFactory = Callable[[Callable[[JournalEntry], None]], CommitProtocol]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunRequest:
+class RunRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What the caller asks for, beyond the operation: how the run is named and by whom."""
 
     request_hash: str
@@ -215,12 +214,12 @@ class RunService:
                 start.run_id,
                 extra={"dpone": {"event": "run", "run_id": start.run_id, "attempt": 1}},
             )
-            return dataclasses.replace(result, run_id=start.run_id, attempt=1)
+            return msgspec.structs.replace(result, run_id=start.run_id, attempt=1)
         tr.claim_begun()
         if not tr.mine:
             tr.ensure_run()
         attempt = self._end(tr.run_id, tr.recorded, tr.mine, RunState.COMPLETE, None)
-        return dataclasses.replace(result, run_id=tr.run_id, attempt=attempt or None)
+        return msgspec.structs.replace(result, run_id=tr.run_id, attempt=attempt or None)
 
     def _end(
         self,

@@ -11,12 +11,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
+import msgspec
 
 from dpone.adapters.connectors._audit import audit_staged
 from dpone.adapters.connectors._plan import check_plan_shape
@@ -196,8 +196,7 @@ def _audit(conn: Any, plan: LoadPlan, table: _Table, rows: int, operation_id: st
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Table:
+class _Table(msgspec.Struct, frozen=True):
     name: str
 
     @property
@@ -275,8 +274,7 @@ def _fence_write(conn: duckdb.DuckDBPyConnection, sql: str, params: list[object]
     return int(row[0]) if row else 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Existing:
+class _Existing(msgspec.Struct, frozen=True):
     """An existing table's lower-cased columns, and those that must be given a value."""
 
     names: frozenset[str]

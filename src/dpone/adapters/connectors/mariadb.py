@@ -7,7 +7,6 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from itertools import islice
@@ -15,6 +14,7 @@ from operator import itemgetter
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import msgspec
 import pymysql  # type: ignore[import-untyped]
 from pymysql.constants import SERVER_STATUS  # type: ignore[import-untyped]
 from pymysql.converters import escape_string  # type: ignore[import-untyped]
@@ -142,8 +142,7 @@ def _q(name: str) -> str:
     return f"`{name}`"
 
 
-@dataclass(frozen=True, slots=True)
-class _Dsn:
+class _Dsn(msgspec.Struct, frozen=True):
     host: str
     port: int
     user: str
@@ -186,8 +185,7 @@ def _parse_dsn(dsn: object) -> _Dsn:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Table:
+class _Table(msgspec.Struct, frozen=True):
     database: str
     name: str
 
@@ -217,8 +215,7 @@ def _parse_table(table: object, *, default_database: str, fence_database: str) -
     return _Table(database=database, name=name)
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
+class _Plan(msgspec.Struct, frozen=True):
     table: _Table
     columns: tuple[str, ...]
     types: tuple[ColumnType, ...]
@@ -425,8 +422,7 @@ def _observation(row: Sequence[Any] | None) -> FenceObservation:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Statements:
+class _Statements(msgspec.Struct, frozen=True):
     """The fence statements of one connector, with its quoted fence table."""
 
     create_fence: str

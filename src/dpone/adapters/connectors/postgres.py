@@ -8,13 +8,13 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
 from itertools import chain
 from operator import itemgetter
 from typing import Any
 
+import msgspec
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -109,8 +109,7 @@ def _reserved_schema(schema: str) -> bool:
     return schema == "information_schema" or schema.startswith("pg_")
 
 
-@dataclass(frozen=True, slots=True)
-class _Table:
+class _Table(msgspec.Struct, frozen=True):
     schema: str
     name: str
 
@@ -143,8 +142,7 @@ def _parse_table(table: str, *, fence_schema: str) -> _Table:
     return _Table(schema=schema, name=name)
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
+class _Plan(msgspec.Struct, frozen=True):
     """A validated plan with every identifier folded."""
 
     table: _Table
@@ -326,11 +324,30 @@ def _encode_batch(batch: Sequence[Sequence[object]], width: int, *, operation_id
 #: the fence statements, instead of a COPY: COPY cannot join a pipeline, and for a few
 #: rows its extra round trips cost more than the rows themselves.
 SMALL_ROWS = 1000
+#: A source file above this size is never read ahead for the small path (see above).
+SMALL_FILE_BYTES = 256 * 1024
 _MAX_PARAMS = 32_767  # well below the protocol's 65,535 bind parameters
 _SMALL_STRATEGIES = frozenset(
     {LoadStrategy.APPEND, LoadStrategy.REPLACE, LoadStrategy.REPLACE_INTERVAL}
 )
 _STR = frozenset({str})
+
+
+def _offers_large_file(batches: Rows) -> bool:
+    """True when the stream offers its source file raw and the file is no small load.
+
+    Reading ahead for the small path takes rows from the stream, and a stream whose rows
+    were taken no longer offers its file (``Counted.raw_csv``): a large file would then
+    be parsed in Python instead of passing through COPY unparsed (ADR 0004). A file
+    over ``SMALL_FILE_BYTES`` goes straight to the COPY path; its size is one ``stat``.
+    """
+    raw = raw_csv_of(batches)
+    if raw is None:
+        return False
+    try:
+        return raw.path.stat().st_size > SMALL_FILE_BYTES
+    except OSError:
+        return False  # the read reports it, with the source's own message
 
 
 def _take_small(batches: Rows, limit: int) -> tuple[list[Sequence[object]] | None, Rows]:
@@ -440,8 +457,7 @@ def _observation(row: _FenceRow | None) -> FenceObservation:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Statements:
+class _Statements(msgspec.Struct, frozen=True):
     """The fence statements of one connector, composed once with its quoted schema."""
 
     connect: sql.Composed
@@ -561,8 +577,7 @@ _UNIQUE_KEYS = (
 _WRITABLE_KINDS = frozenset({"r", "p"})  # ordinary and partitioned tables
 
 
-@dataclass(frozen=True, slots=True)
-class _TableInfo:
+class _TableInfo(msgspec.Struct, frozen=True):
     oid: int
     kind: str
     columns: frozenset[str]
@@ -1108,7 +1123,12 @@ class PostgresConnector:
         key = _verified_key(plan)
         small: list[Sequence[object]] | None = None
         # audits need the staged rows in the table before commit: the general path runs them
-        if plan.strategy in _SMALL_STRATEGIES and key in self._verified and plan.audits is None:
+        if (
+            plan.strategy in _SMALL_STRATEGIES
+            and key in self._verified
+            and plan.audits is None
+            and not _offers_large_file(batches)
+        ):
             limit = min(SMALL_ROWS, _MAX_PARAMS // len(checked.columns))
             small, batches = _take_small(batches, limit)
         try:

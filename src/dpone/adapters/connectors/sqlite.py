@@ -9,11 +9,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import chain, islice
 from pathlib import Path
 from typing import TypeVar
+
+import msgspec
 
 from dpone.adapters.connectors._audit import audit_staged
 from dpone.adapters.connectors._plan import check_plan_shape
@@ -181,8 +182,7 @@ def _q(name: str) -> str:
     return f'"{name}"'
 
 
-@dataclass(frozen=True, slots=True)
-class _Table:
+class _Table(msgspec.Struct, frozen=True):
     schema: str
     name: str
 
@@ -252,8 +252,7 @@ def _read_fence(conn: sqlite3.Connection, operation_id: str) -> _FenceRow | None
     return row
 
 
-@dataclass(frozen=True, slots=True)
-class _Existing:
+class _Existing(msgspec.Struct, frozen=True):
     """An existing table's lower-cased columns, and those that must be given a value."""
 
     names: frozenset[str]

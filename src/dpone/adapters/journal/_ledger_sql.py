@@ -7,8 +7,9 @@ columns). Every function takes an open cursor inside the caller's write transact
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+import msgspec
 
 from dpone.adapters.journal import _rules
 from dpone.contracts.evidence import SafeMapping, safe_mapping
@@ -127,8 +128,7 @@ class _Cursor(Protocol):
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerDialect:
+class LedgerDialect(msgspec.Struct, frozen=True):
     """How one database spells placeholders, tables, the clock, times and JSON."""
 
     placeholder: str  # "?" (SQLite) or "%s" (psycopg)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from dpone.adapters.journal import _ledger_sql, _rules
 from dpone.contracts.checkpoint import (
@@ -185,7 +186,7 @@ class InMemoryCommitJournal:
                     current=current,
                 )
             at = self.now()
-            new = dataclasses.replace(
+            new = msgspec.structs.replace(
                 current,
                 state=next_state,
                 version=current.version + 1,
@@ -193,7 +194,7 @@ class InMemoryCommitJournal:
                 updated_at=at,
             )
             if release_lease:
-                new = dataclasses.replace(new, lease_owner=None, lease_expires_at=at)
+                new = msgspec.structs.replace(new, lease_owner=None, lease_expires_at=at)
             self._entries[operation_id] = new
             self._history[operation_id].extend(
                 _rules.transition_rows(
@@ -251,7 +252,7 @@ class InMemoryCommitJournal:
                 break_owner=break_owner,
             ):
                 raise _rules.lease_held(current, now=at)
-            new = dataclasses.replace(
+            new = msgspec.structs.replace(
                 current,
                 lease_owner=owner,
                 lease_epoch=current.lease_epoch + 1,
@@ -272,7 +273,7 @@ class InMemoryCommitJournal:
             current = self._require(operation_id)
             if current.lease_owner != owner or current.lease_epoch != lease_epoch:
                 raise _rules.lease_lost(current, lease_epoch=lease_epoch)
-            new = dataclasses.replace(current, lease_expires_at=self.now() + ttl)
+            new = msgspec.structs.replace(current, lease_expires_at=self.now() + ttl)
             self._entries[operation_id] = new
             return new
 
@@ -286,7 +287,7 @@ class InMemoryCommitJournal:
                 or current.lease_epoch != lease_epoch
             ):
                 return
-            self._entries[operation_id] = dataclasses.replace(
+            self._entries[operation_id] = msgspec.structs.replace(
                 current, lease_owner=None, lease_expires_at=self.now()
             )
 
@@ -380,10 +381,10 @@ class InMemoryCommitJournal:
             done.add((checkpoint.start, checkpoint.end))
             moved = advance_watermark(current.watermark, done)
             if moved != current.watermark:
-                current = dataclasses.replace(
+                current = msgspec.structs.replace(
                     current, watermark=moved, operation_id=operation_id, updated_at=self.now()
                 )
-            self._checkpoints[checkpoint.stream_id] = dataclasses.replace(
+            self._checkpoints[checkpoint.stream_id] = msgspec.structs.replace(
                 current, pending=sum(1 for start, _ in done if start > current.watermark)
             )
 
@@ -427,7 +428,7 @@ class InMemoryCommitJournal:
                 proposed_end=proposed_end,
             )
             if chosen is not None:
-                self._checkpoints[stream_id] = dataclasses.replace(
+                self._checkpoints[stream_id] = msgspec.structs.replace(
                     current, claim_start=chosen[0], claim_end=chosen[1]
                 )
             return chosen
@@ -522,7 +523,7 @@ class InMemoryCommitJournal:
             now = self.now()
             for number, row in list(rows.items()):
                 if row.state is AttemptState.RUNNING:
-                    rows[number] = dataclasses.replace(
+                    rows[number] = msgspec.structs.replace(
                         row, state=AttemptState.SUPERSEDED, ended_at=now
                     )
             rows[attempt] = AttemptRecord(
@@ -535,7 +536,7 @@ class InMemoryCommitJournal:
                 started_at=now,
                 ended_at=None,
             )
-            self._runs[run_id] = dataclasses.replace(
+            self._runs[run_id] = msgspec.structs.replace(
                 run, current_attempt=attempt, state=RunState.RUNNING, error=None, updated_at=now
             )
             return rows[attempt]
@@ -553,13 +554,13 @@ class InMemoryCommitJournal:
             now = self.now()
             row = self._attempts[run_id].get(attempt)
             if row is not None and row.state is AttemptState.RUNNING:
-                self._attempts[run_id][attempt] = dataclasses.replace(
+                self._attempts[run_id][attempt] = msgspec.structs.replace(
                     row,
                     state=_ledger_sql.attempt_state(state),
                     error_code=None if error is None else error.code,
                     ended_at=now,
                 )
-            run = dataclasses.replace(run, state=state, error=error, updated_at=now)
+            run = msgspec.structs.replace(run, state=state, error=error, updated_at=now)
             self._runs[run_id] = run
             return run
 

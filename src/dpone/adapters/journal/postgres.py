@@ -7,11 +7,11 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import cache, lru_cache, partial
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import msgspec
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -206,8 +206,7 @@ _AUDIT_INSERT = (
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
 
 
-@dataclass(frozen=True, slots=True)
-class _Statements:
+class _Statements(msgspec.Struct, frozen=True):
     """Every statement of one schema, built once. Time is always the server's clock.
 
     Each write is ONE statement: the conditional UPDATE (or INSERT) and its history
