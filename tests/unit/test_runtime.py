@@ -418,9 +418,9 @@ class ReportingConnector(InMemoryConnector):
     def mutate(self, **kwargs: object) -> MutationReport:  # type: ignore[override]
         report = super().mutate(**kwargs)  # type: ignore[arg-type]
         committed = super().observe(operation_id=str(kwargs["operation_id"]))
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             report,
-            committed=dataclasses.replace(committed, **self.tamper),  # type: ignore[arg-type]
+            committed=msgspec.structs.replace(committed, **self.tamper),  # type: ignore[arg-type]
         )
 
     def observe(self, *, operation_id: str) -> FenceObservation:
