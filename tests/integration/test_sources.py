@@ -84,6 +84,26 @@ def test_csv_declared_columns_must_match_the_header(tmp_path: Path) -> None:
         CsvSource(path, columns={"id": "integer"}).columns()
 
 
+def test_csv_a_header_checked_once_vouches_only_for_itself(tmp_path: Path) -> None:
+    """Many sources, one declaration: each header is checked, a known good one included."""
+    declared = {"id": "integer", "name": "text"}
+    good = _write(tmp_path / "good.csv", "id,name\n1,x\n")
+    swapped = _write(tmp_path / "swapped.csv", "name,id\nx,1\n")
+    bad = _write(tmp_path / "bad.csv", "id,nom\n1,x\n")
+    twice = _write(tmp_path / "twice.csv", "id,name,ID\n1,x,2\n")
+    first = CsvSource(good, columns=declared).columns()
+    assert CsvSource(good, columns=dict(declared)).columns() is first  # checked once
+    assert [c.name for c in CsvSource(swapped, columns=declared).columns()] == ["name", "id"]
+    for path, message in ((bad, "declared but not in the header"), (twice, "more than once")):
+        for _again in range(2):
+            with pytest.raises(SourceInvalid, match=message):
+                CsvSource(path, columns=declared).columns()
+    with pytest.raises(SourceInvalid, match="in the header but not declared: 'name'"):
+        CsvSource(good, columns={"id": "integer"}).columns()
+    retyped = CsvSource(good, columns={"id": "text", "name": "text"}).columns()
+    assert [c.type for c in retyped] == [TEXT, TEXT]
+
+
 def test_csv_declared_unknown_type_is_config_invalid(tmp_path: Path) -> None:
     """A declared type that is not a ColumnType is a configuration error."""
     with pytest.raises(ConfigInvalid):
