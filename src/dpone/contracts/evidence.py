@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import cast
@@ -105,8 +106,10 @@ _EMPTY: SafeMapping = MappingProxyType({})
 # values were checked when it was made, so checking it again (a run's provenance and
 # access, on every operation of a Runner) only needs its keys against the allow-list.
 # The mapping itself is kept, so its id cannot name another object while it is here.
-_MADE: dict[int, SafeMapping] = {}
-_MADE_MAX = 512
+# Least recently checked first: the many one-off mappings (each operation's metadata)
+# leave first, the few checked on every operation stay.
+_MADE: OrderedDict[int, SafeMapping] = OrderedDict()
+_MADE_MAX = 1024
 
 
 def safe_mapping(
@@ -124,6 +127,10 @@ def safe_mapping(
     if made is values:
         # made (and its values checked) here: read-only, so only the keys are new
         if allowed.issuperset(made):
+            try:
+                _MADE.move_to_end(id(made))
+            except KeyError:  # another thread let it go just now
+                pass
             return made
         return _checked(made, allowed)  # raises for the first key not allowed
     # a copy no one else holds; its values are checked below before it is handed out
@@ -140,9 +147,12 @@ def safe_mapping(
         elif value.__class__ not in _PLAIN:
             return _checked(values, allowed)
     made = MappingProxyType(out)
-    if len(_MADE) >= _MADE_MAX:
-        _MADE.clear()
     _MADE[id(made)] = made
+    if len(_MADE) > _MADE_MAX:
+        try:
+            _MADE.popitem(last=False)
+        except KeyError:  # emptied meanwhile by other threads
+            pass
     return made
 
 
