@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from dpone.adapters.sources import _common, _prefetch
 from dpone.adapters.sources import csv as csv_source
 from dpone.adapters.sources.csv import CsvSource
 from dpone.adapters.sources.jsonl import JsonlSource
@@ -80,6 +82,26 @@ def test_csv_declared_columns_must_match_the_header(tmp_path: Path) -> None:
     assert "source.columns" in (caught.value.hint or "")
     with pytest.raises(SourceInvalid, match=r"in the header but not declared: 'name'"):
         CsvSource(path, columns={"id": "integer"}).columns()
+
+
+def test_csv_a_header_checked_once_vouches_only_for_itself(tmp_path: Path) -> None:
+    """Many sources, one declaration: each header is checked, a known good one included."""
+    declared = {"id": "integer", "name": "text"}
+    good = _write(tmp_path / "good.csv", "id,name\n1,x\n")
+    swapped = _write(tmp_path / "swapped.csv", "name,id\nx,1\n")
+    bad = _write(tmp_path / "bad.csv", "id,nom\n1,x\n")
+    twice = _write(tmp_path / "twice.csv", "id,name,ID\n1,x,2\n")
+    first = CsvSource(good, columns=declared).columns()
+    assert CsvSource(good, columns=dict(declared)).columns() is first  # checked once
+    assert [c.name for c in CsvSource(swapped, columns=declared).columns()] == ["name", "id"]
+    for path, message in ((bad, "declared but not in the header"), (twice, "more than once")):
+        for _again in range(2):
+            with pytest.raises(SourceInvalid, match=message):
+                CsvSource(path, columns=declared).columns()
+    with pytest.raises(SourceInvalid, match="in the header but not declared: 'name'"):
+        CsvSource(good, columns={"id": "integer"}).columns()
+    retyped = CsvSource(good, columns={"id": "text", "name": "text"}).columns()
+    assert [c.type for c in retyped] == [TEXT, TEXT]
 
 
 def test_csv_declared_unknown_type_is_config_invalid(tmp_path: Path) -> None:
@@ -156,6 +178,80 @@ def test_csv_small_file_is_opened_once(tmp_path: Path, monkeypatch: pytest.Monke
     assert [c.name for c in source.columns()] == ["id", "v"]
     assert _rows(source) == [("1", "a"), ("2", "b")]
     assert opened == [path]
+
+
+def test_csv_small_file_costs_one_stat_and_one_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read whole: one fstat, one read of the file's size plus one byte (its end found)."""
+    path = _write(tmp_path / "a.csv", "id,v\n1,a\n2,b\n")
+    calls: list[str] = []
+    real_fstat, real_read = _common.os.fstat, _common.os.read
+
+    def fstat(fd: int) -> os.stat_result:
+        calls.append("fstat")
+        return real_fstat(fd)
+
+    def read(fd: int, size: int) -> bytes:
+        calls.append(f"read {size}")
+        return real_read(fd, size)
+
+    monkeypatch.setattr(_common.os, "fstat", fstat)
+    monkeypatch.setattr(_common.os, "read", read)
+    small = _common.read_small(path, limit=1 << 20)
+    assert calls == ["fstat", f"read {path.stat().st_size + 1}"]
+    assert small is not None
+    assert small.identity == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _resized(st: os.stat_result, shift: int) -> os.stat_result:
+    """``st`` with ``shift`` bytes more (or fewer) in ``st_size``."""
+    fields = list(st)
+    fields[6] = st.st_size + shift
+    extra = ("st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_blksize", "st_blocks")
+    return os.stat_result(fields, {k: getattr(st, k) for k in extra})
+
+
+@pytest.mark.parametrize("shift", [-5, 5])
+def test_csv_small_file_of_another_size_than_its_stat_is_read_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shift: int
+) -> None:
+    """Written between the stat and the read: all its bytes are read, and it is not settled."""
+    data = b"id,v\n1,a\n2,b\n"
+    path = tmp_path / "a.csv"
+    path.write_bytes(data)
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)  # settled, but for the size
+    real_fstat = _common.os.fstat
+    # the stat a moment before a write changed the size
+    monkeypatch.setattr(_common.os, "fstat", lambda fd: _resized(real_fstat(fd), shift))
+    small = _common.read_small(path, limit=1 << 20)
+    assert small is not None
+    assert small.text == data.decode()
+    assert small.identity == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert not small.settled
+    monkeypatch.setattr(_common.os, "fstat", real_fstat)
+    again = _common.read_small(path, limit=1 << 20)
+    assert again is not None
+    assert again.settled
+
+
+def test_csv_small_file_that_grew_past_the_limit_is_streamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file larger than the limit by the time it is read is left to the streaming path."""
+    path = _write(tmp_path / "a.csv", "id\n" + "1\n" * 100)
+    assert _common.read_small(path, limit=50) is None
+    real_fstat = _common.os.fstat
+    # the stat before the file grew: 10 bytes
+    monkeypatch.setattr(_common.os, "fstat", lambda fd: _resized(real_fstat(fd), 10 - 203))
+    assert _common.read_small(path, limit=50) is None
+    assert _common.read_small(path, limit=1 << 20) is not None
+
+
+def test_csv_source_that_is_a_directory_names_the_path(tmp_path: Path) -> None:
+    """A directory is not a source file: SourceInvalid naming the path, as a missing file."""
+    with pytest.raises(SourceInvalid, match="does not exist or cannot be opened"):
+        CsvSource(tmp_path).columns()
 
 
 def test_csv_blank_lines_are_skipped(tmp_path: Path) -> None:

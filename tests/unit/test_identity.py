@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
@@ -187,6 +187,27 @@ def test_interval_parsing_and_canonical_form() -> None:
     assert parse_interval("2026-11-01T02:00:00+02:00/2026-11-01T06:00:00Z").canonical() == (
         "2026-11-01T00:00:00Z/2026-11-01T06:00:00Z"
     )
+
+
+@given(moments, st.integers(min_value=1, max_value=10**12), st.integers(-23 * 60, 23 * 60))
+def test_canonical_form_depends_on_the_instants_only(
+    start: datetime, micros: int, offset_minutes: int
+) -> None:
+    """Rendered once and kept: an equal interval in another zone gets the same text."""
+    end = start + timedelta(microseconds=micros)
+    utc = Interval(start=start, end=end)
+    zone = timezone(timedelta(minutes=offset_minutes))
+    shifted = Interval(start=start.astimezone(zone), end=end.astimezone(zone))
+
+    def rendered(moment: datetime) -> str:
+        text = moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        micro = moment.astimezone(UTC).microsecond
+        return text + (f".{micro:06d}" if micro else "") + "Z"
+
+    expected = f"{rendered(start)}/{rendered(end)}"
+    assert utc.canonical() == expected
+    assert shifted.canonical() == expected
+    assert utc.canonical() == expected
 
 
 @pytest.mark.parametrize(

@@ -105,3 +105,109 @@ def test_only_clean_values_are_remembered() -> None:
     assert not looks_secret("orders-2026")
     assert "orders-2026" in evidence._CLEAN
     assert not looks_secret("orders-2026")
+
+
+def _one_key_at_a_time(values: dict[str, object], allowed: frozenset[str]) -> object:
+    """safe_mapping as first written: the first offending key's message, else the values."""
+    for key, value in values.items():
+        if key not in allowed:
+            return f"evidence key {key!r} is not on the allow-list"
+        if value is not None and not isinstance(value, str | int | float | bool):
+            return f"evidence value for {key!r} must be a scalar"
+        if isinstance(value, str):
+            if len(value) > 2048:
+                return f"evidence value for {key!r} is too long"
+            if _original(value):
+                return f"evidence value for {key!r} looks like a secret and was refused"
+    return values
+
+
+class _Text(str):
+    pass
+
+
+class _Count(int):
+    pass
+
+
+def test_safe_mapping_agrees_with_the_check_one_key_at_a_time() -> None:
+    """The fast path (plain types, texts found clean before) refuses and keeps the same."""
+    from dpone.contracts.evidence import EVIDENCE_KEYS, safe_mapping
+    from dpone.errors import UnsafeValue
+
+    rng = random.Random(20261130)
+    keys = ["reason", "owner", "row_count", "table", "mode", "not_allowed"]
+    for _ in range(3000):
+        values: dict[str, object] = {}
+        for key in rng.sample(keys, rng.randint(1, len(keys))):
+            roll = rng.random()
+            if roll < 0.5:
+                text = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 8)))
+                values[key] = _Text(text) if rng.random() < 0.1 else text
+            elif roll < 0.6:
+                values[key] = "x" * rng.choice([2048, 2049])
+            elif roll < 0.8:
+                values[key] = rng.choice([0, -1, 2.5, True, None, _Count(3)])
+            else:
+                values[key] = rng.choice([[1], {"a": 1}, b"bytes"])
+        expected = _one_key_at_a_time(values, EVIDENCE_KEYS)
+        for _twice in range(2):  # the second time the clean texts are remembered
+            try:
+                got: object = dict(safe_mapping(values))
+            except UnsafeValue as exc:
+                got = exc.message
+            assert got == expected, values
+
+
+def test_a_mapping_checked_once_is_checked_again_against_another_allow_list() -> None:
+    """A mapping safe_mapping made passes again without a copy, but only for its keys."""
+    from dpone.contracts.evidence import EVIDENCE_KEYS, safe_mapping
+    from dpone.errors import UnsafeValue
+
+    made = safe_mapping({"owner": "host:1", "row_count": 3})
+    assert safe_mapping(made) is made
+    assert safe_mapping(made, allowed=frozenset({"owner", "row_count"})) is made
+    with pytest.raises(UnsafeValue, match="row_count"):
+        safe_mapping(made, allowed=frozenset({"owner"}))
+    # a read-only view of a dict someone else holds is checked every time
+    from types import MappingProxyType
+
+    held = {"reason": "fine"}
+    view = MappingProxyType(held)
+    assert dict(safe_mapping(view, allowed=EVIDENCE_KEYS)) == held
+    held["reason"] = "password=hunter2"
+    with pytest.raises(UnsafeValue, match="secret"):
+        safe_mapping(view)
+
+
+def test_identities_in_a_derived_shape_and_any_other_get_the_same_answer() -> None:
+    """check_identity's shape shortcut accepts only what the full checks accept."""
+    from dpone.adapters.journal._rules import check_identity
+    from dpone.errors import UnsafeValue
+
+    def full(value: str) -> bool:
+        return bool(value) and len(value) <= 256 and value.isprintable() and not _original(value)
+
+    digest = "sha256:" + "0123456789abcdef" * 4
+    rng = random.Random(7)
+    candidates = [
+        digest,
+        "op:" + digest,
+        "run-" + "a1" * 10,
+        digest.upper(),
+        digest + "\n",
+        "op:" + digest + "@x",
+        "run-" + "a1" * 10 + "://u:p@h",
+        "sha256:" + "g" * 64,
+        "",
+        "password=" + digest,
+    ]
+    candidates += [
+        "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 10))) for _ in range(500)
+    ]
+    for value in candidates:
+        try:
+            ok = check_identity("operation_id", value) == value
+        except UnsafeValue:
+            ok = False
+        assert ok == full(value), value

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import cast
 
 from dpone.errors import UnsafeValue
 
@@ -95,6 +97,21 @@ def looks_secret(text: str) -> bool:
     return False
 
 
+# The plain scalar types other than text: a value of exactly one of these (not a
+# subclass) needs no check in safe_mapping's fast path.
+_PLAIN = frozenset({int, float, bool, type(None)})
+_EMPTY: SafeMapping = MappingProxyType({})
+
+# Mappings safe_mapping made, by id: a read-only view of a dict no one else holds, whose
+# values were checked when it was made, so checking it again (a run's provenance and
+# access, on every operation of a Runner) only needs its keys against the allow-list.
+# The mapping itself is kept, so its id cannot name another object while it is here.
+# Least recently checked first: the many one-off mappings (each operation's metadata)
+# leave first, the few checked on every operation stay.
+_MADE: OrderedDict[int, SafeMapping] = OrderedDict()
+_MADE_MAX = 1024
+
+
 def safe_mapping(
     values: Mapping[str, object] | None, *, allowed: frozenset[str] = EVIDENCE_KEYS
 ) -> SafeMapping:
@@ -105,7 +122,42 @@ def safe_mapping(
 
     """
     if not values:
-        return MappingProxyType({})
+        return _EMPTY
+    made = _MADE.get(id(values))
+    if made is values:
+        # made (and its values checked) here: read-only, so only the keys are new
+        if allowed.issuperset(made):
+            try:
+                _MADE.move_to_end(id(made))
+            except KeyError:  # another thread let it go just now
+                pass
+            return made
+        return _checked(made, allowed)  # raises for the first key not allowed
+    # a copy no one else holds; its values are checked below before it is handed out
+    out = cast("dict[str, Scalar]", dict(values))
+    # one C-level pass for the keys; then a text is checked against the texts already
+    # found clean first, and a value of a plain scalar type needs nothing (anything
+    # unusual, and every refusal, goes through _checked: it names the first bad key)
+    if not allowed.issuperset(out):
+        return _checked(values, allowed)
+    for value in out.values():
+        if isinstance(value, str):
+            if len(value) > _MAX_TEXT or (value not in _CLEAN and looks_secret(value)):
+                return _checked(values, allowed)
+        elif value.__class__ not in _PLAIN:
+            return _checked(values, allowed)
+    made = MappingProxyType(out)
+    _MADE[id(made)] = made
+    if len(_MADE) > _MADE_MAX:
+        try:
+            _MADE.popitem(last=False)
+        except KeyError:  # emptied meanwhile by other threads
+            pass
+    return made
+
+
+def _checked(values: Mapping[str, object], allowed: frozenset[str]) -> SafeMapping:
+    """``safe_mapping`` one key at a time: raises for the first offending key, in order."""
     out: dict[str, Scalar] = {}
     for key, value in values.items():
         if key not in allowed:

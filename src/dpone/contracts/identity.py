@@ -49,12 +49,17 @@ _NOW_RE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}\.\d+")
 _PID_RE = re.compile(r"(?i)(?:^|[^a-z])pid\s*[=:]\s*\d+")
 
 
+# What ``json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+# allow_nan=False)`` builds on every call (the encoder keeps no state between calls), made
+# once: the same encoder, so the same bytes (tests/unit/test_identity_pins.py pins them).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(fields: Mapping[str, object]) -> bytes:
     """Encode ``fields`` plus ``"v": 1`` as UTF-8 JSON, sorted keys, no insignificant space."""
-    payload = {**fields, "v": IDENTITY_VERSION}
-    return json.dumps(
-        payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode({**fields, "v": IDENTITY_VERSION}).encode("utf-8")
 
 
 def digest_of(fields: Mapping[str, object]) -> str:
@@ -122,11 +127,19 @@ class Interval(msgspec.Struct, frozen=True, kw_only=True):
 
     def canonical(self) -> str:
         """Return ``start/end`` in ISO-8601 UTC with a ``Z`` suffix."""
-        return f"{_iso(self.start)}/{_iso(self.end)}"
+        return _canonical(self.start, self.end)
 
     def contains(self, moment: datetime) -> bool:
         """Return True when ``moment`` lies in ``[start, end)``."""
         return self.start <= moment < self.end
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical(start: datetime, end: datetime) -> str:
+    # cached: a Runner's operations share a few intervals and each operation renders its
+    # own twice (identity, metadata). Equal aware datetimes are the same instant, and the
+    # text depends on the instant only, so an equal pair always renders the same text.
+    return f"{_iso(start)}/{_iso(end)}"
 
 
 def _iso(moment: datetime) -> str:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from itertools import pairwise
 from types import MappingProxyType
+
+import msgspec
 
 from dpone.contracts.evidence import SafeMapping, looks_secret, safe_mapping
 from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Transition
@@ -56,6 +59,11 @@ AUDIT_OUTCOMES: frozenset[str] = frozenset({"applied", "refused"})
 #: Where an operator goes when a move needs an audited recovery action.
 # Identities are digests; anything long or multi-line is a caller mistake, maybe a leak.
 _MAX_IDENTITY = 256
+# The identities dpone derives itself, in their exact shapes: a digest ("sha256:" and 64
+# lowercase hex digits), the default idempotency key ("op:" and a digest) and a run id
+# ("run-" and 20 hex digits). None can match a secret pattern (no "://", "@", "=",
+# keyword or space), so a value of one of these shapes needs no other check.
+_DERIVED = re.compile(r"(?:op:)?sha256:[0-9a-f]{64}|run-[0-9a-f]{20}")
 
 
 def _sorted(states: frozenset[CommitState]) -> list[CommitState]:
@@ -73,6 +81,8 @@ def check_identity(field: str, value: str) -> str:
     Raises:
         UnsafeValue: empty, too long, not printable, or looking like a secret.
     """
+    if value.__class__ is str and _DERIVED.fullmatch(value):
+        return value  # a shape dpone derives: short, printable, no secret pattern matches it
     if (
         not isinstance(value, str)
         or not value
@@ -403,34 +413,43 @@ def audit_record(
 
 
 # ------------------------------------------------------------------ storage encoding
+# Stored mappings are storage, not identity (JSON text in SQLite, jsonb in PostgreSQL):
+# any valid JSON of the same values will do, so the fast encoder writes them. The
+# standard library's (the former encoder) takes what msgspec does not: a scalar of a
+# subclass (an enum member, say), text that is not UTF-8, and a NaN or infinity, which
+# msgspec would write as null where the standard library refuses it.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
-# Encodings of mappings that repeat on every operation (provenance, access, evidence),
-# keyed by their items with each value's type (True and 1 hash alike, encode apart) and
-# a float by its text (0.0 and -0.0 compare equal, encode apart).
-_ENCODED: dict[tuple[tuple[str, type, object], ...], str] = {}
-_ENCODED_MAX = 1024
+_JSON = msgspec.json.Encoder(order="sorted")
+_FROM_JSON = msgspec.json.Decoder()
 
 
 def encode_mapping(values: SafeMapping) -> str:
-    """Encode a safe mapping as canonical JSON text for storage."""
-    key = tuple(
-        [(k, v.__class__, repr(v) if v.__class__ is float else v) for k, v in values.items()]
-    )
+    """Encode a safe mapping as JSON text (sorted keys, no spaces) for storage.
+
+    Raises:
+        ValueError: a float is NaN or infinite (JSON has no such number).
+        TypeError: a value is not a scalar.
+    """
+    plain = values.copy() if isinstance(values, MappingProxyType) else values
     try:
-        text = _ENCODED.get(key)
-    except TypeError:  # a value that is not a scalar: the encoder says what is wrong
+        raw = _JSON.encode(plain)
+    except (TypeError, ValueError, msgspec.EncodeError):
+        # a subclass of a scalar type, a lone surrogate (not UTF-8), or not a scalar:
+        # the standard library encodes it as before, or says what is wrong
         return _ENCODER.encode(dict(values))
-    if text is None:
-        text = _ENCODER.encode(dict(values))
-        if len(_ENCODED) >= _ENCODED_MAX:
-            _ENCODED.clear()
-        _ENCODED[key] = text
-    return text
+    if b"null" in raw and not all(
+        math.isfinite(v) for v in values.values() if isinstance(v, float)
+    ):
+        return _ENCODER.encode(dict(values))  # msgspec wrote NaN as null: json refuses it
+    return raw.decode()
 
 
 def decode_mapping(text: str) -> SafeMapping:
     """Decode stored JSON text back into a read-only mapping."""
-    value = json.loads(text)
+    try:
+        value = _FROM_JSON.decode(text)
+    except msgspec.DecodeError:
+        value = json.loads(text)  # what msgspec refuses: a number too large for a float
     if not isinstance(value, dict):
         raise TypeError("stored evidence is not a JSON object")
     return MappingProxyType(value)

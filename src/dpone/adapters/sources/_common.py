@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -97,23 +99,35 @@ def read_small(path: Path, *, limit: int) -> SmallFile | None:
     bytes, so what is parsed is what is hashed. A larger file (or one that grew past
     ``limit`` while read) is left to the streaming path.
 
+    A small operation pays for this on every run, so it makes as few system calls as it
+    can: ``open``, one ``fstat``, one ``read`` of one byte more than the file's size
+    (which reads the whole file and finds its end; a read that returns another count,
+    e.g. a file written meanwhile, reads on to the end) and ``close``. ``settled``
+    needs no second ``fstat`` after the read: it vouches for the identity by the stat
+    *before* the read (``raw_csv()``), and a file written at any moment after that stat,
+    during the read included, never has that stat again (a settled file's next write
+    is stamped later, and ctime cannot be set back: ADR 0004), so a vouch for bytes
+    read while the file changed can never be matched.
+
     Raises:
         SourceInvalid: the file cannot be opened or read, or is not UTF-8.
     """
     now = time.time_ns()  # before the stat: a later write is stamped at least this
-    with open_raw(path) as raw:
-        before = os.fstat(raw.fileno())
-        if before.st_size > limit:
-            return None
-        try:
-            data = raw.readall()
-        except OSError as exc:
-            raise SourceInvalid(
-                f"source file {str(path)!r} could not be read ({type(exc).__name__})"
-            ) from exc
-        after = os.fstat(raw.fileno())
-    if len(data) > limit:
+    fd = _open_fd(path)
+    try:
+        read = _read_whole(fd, limit)
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise _missing(path) from exc
+    except OSError as exc:
+        raise SourceInvalid(
+            f"source file {str(path)!r} could not be read ({type(exc).__name__})"
+        ) from exc
+    finally:
+        os.close(fd)
+    if read is None:
         return None
+    before, data = read
+    size = before.st_size
     state = stat_key(before)
     try:
         # utf-8-sig drops a byte order mark, as the streaming path's reader does
@@ -124,8 +138,50 @@ def read_small(path: Path, *, limit: int) -> SmallFile | None:
         text,
         "sha256:" + hashlib.sha256(data).hexdigest(),
         state,
-        settled=settled(state, now) and stat_key(after) == state and len(data) == before.st_size,
+        settled=len(data) == size and stat.S_ISREG(before.st_mode) and settled(state, now),
     )
+
+
+def _read_whole(fd: int, limit: int) -> tuple[os.stat_result, bytes] | None:
+    """The descriptor's stat and all its bytes; None when it has more than ``limit``."""
+    before = os.fstat(fd)
+    if stat.S_ISDIR(before.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory")
+    size = before.st_size
+    if size > limit:
+        return None
+    data = os.read(fd, size + 1)
+    if len(data) != size:
+        # not the size the stat saw (written meanwhile), or not a regular file (a
+        # pipe's size is 0): read on to the end, as far as the limit allows
+        data = _read_on(fd, data, limit)
+    if len(data) > limit:
+        return None
+    return before, data
+
+
+def _read_on(fd: int, first: bytes, limit: int) -> bytes:
+    """``first`` and the rest of ``fd`` to its end, stopping once past ``limit`` bytes."""
+    parts = [first]
+    total = len(first)
+    chunk = first
+    while chunk and total <= limit:
+        chunk = os.read(fd, CHUNK_SIZE)
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
+def _open_fd(path: Path) -> int:
+    """``os.open`` for reading (no ``fstat`` of its own, unlike ``io.FileIO``)."""
+    try:
+        return os.open(path, os.O_RDONLY)  # close-on-exec, as every Python descriptor
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise _missing(path) from exc
+    except OSError as exc:
+        raise SourceInvalid(
+            f"source file {str(path)!r} could not be opened ({type(exc).__name__})"
+        ) from exc
 
 
 class HashingReader(io.RawIOBase):

@@ -37,6 +37,33 @@ if TYPE_CHECKING:
 __all__ = ["SMALL_FILE_BYTES", "CsvRows", "CsvSource"]
 
 Batch = list[tuple[object, ...]]
+_DeclaredKey = tuple[tuple[str, object], ...]
+
+#: Declared column types by the declaration's items (a Runner opens one source per
+#: operation, always with the workload's one declaration), and the columns of a header
+#: row checked against a declaration: pure functions of their keys, kept (bounded) so
+#: that operations do not validate the same declaration and header again.
+_DECLARED: dict[_DeclaredKey, dict[str, ColumnType]] = {}
+_HEADERS: dict[tuple[tuple[str, ...], _DeclaredKey], tuple[Column, ...]] = {}
+_KEPT_MAX = 64
+
+
+def _declared(
+    columns: Mapping[str, ColumnType | str],
+) -> tuple[_DeclaredKey | None, dict[str, ColumnType]]:
+    """``declared_columns(columns)`` and the key it is kept under (None: not kept)."""
+    try:
+        key = tuple(columns.items())
+        found = _DECLARED.get(key)
+    except TypeError:  # a value that cannot be a key (a list): validated, and refused
+        return None, declared_columns(columns)
+    if found is None:
+        found = declared_columns(columns)
+        if len(_DECLARED) >= _KEPT_MAX:
+            _DECLARED.clear()
+        _DECLARED[key] = found
+    return key, found
+
 
 #: A file of at most this many bytes is read once, whole: hashed for its identity, and
 #: its header and rows parsed from those same bytes (one open per operation). A larger
@@ -68,7 +95,10 @@ class CsvSource:
             )
         self._path = path if isinstance(path, Path) else Path(path)
         self._delimiter = delimiter
-        self._declared = declared_columns(columns) if columns is not None else None
+        self._declared_key: _DeclaredKey | None = None
+        self._declared: dict[str, ColumnType] | None = None
+        if columns is not None:
+            self._declared_key, self._declared = _declared(columns)
         self._columns: tuple[Column, ...] | None = None
         self._small: SmallFile | None = None
         self._large = False  # looked: larger than SMALL_FILE_BYTES, so streamed
@@ -112,26 +142,49 @@ class CsvSource:
     def columns(self) -> tuple[Column, ...]:
         """Return the header's columns with declared or inferred types."""
         if self._columns is None:
-            with self._text() as text:
-                reader = csv.reader(text, delimiter=self._delimiter)
-                header = self._header(reader)
-                if self._declared is not None:
-                    self._columns = columns_of(header, self._declared)
-                else:
-                    sample = self._sample(reader, len(header))
-                    types = {
-                        name: infer_type(row[i] for row in sample) for i, name in enumerate(header)
-                    }
-                    self._columns = columns_of(header, types)
+            small = self._small_file()
+            if small is not None:
+                # newline="": line endings reach the csv module as they are, as from the file
+                text = io.StringIO(small.text, newline="")
+                self._columns = self._columns_from(csv.reader(text, delimiter=self._delimiter))
+            else:
+                with open_text(self._path) as stream:
+                    reader = csv.reader(stream, delimiter=self._delimiter)
+                    self._columns = self._columns_from(reader)
         return self._columns
 
+    def _columns_from(self, reader: Reader) -> tuple[Column, ...]:
+        if self._declared is None:
+            header = self._header(reader)
+            sample = self._sample(reader, len(header))
+            types = {name: infer_type(row[i] for row in sample) for i, name in enumerate(header)}
+            return columns_of(header, types)
+        first = self._first_row(reader)
+        if self._declared_key is None:
+            return columns_of(self._checked_header(first), self._declared)
+        # The checks and the columns follow from the header row and the declared types
+        # alone: a Runner's operations read files with one header, checked once.
+        key = (tuple(first or ()), self._declared_key)
+        known = _HEADERS.get(key)
+        if known is None:
+            known = columns_of(self._checked_header(first), self._declared)
+            if len(_HEADERS) >= _KEPT_MAX:
+                _HEADERS.clear()
+            _HEADERS[key] = known
+        return known
+
     def _header(self, reader: Iterator[list[str]]) -> list[str]:
+        return self._checked_header(self._first_row(reader))
+
+    def _first_row(self, reader: Iterator[list[str]]) -> list[str] | None:
         try:
-            first = next(reader, None)
+            return next(reader, None)
         except UnicodeDecodeError as exc:
             raise decode_error(self._path, 1) from exc
         except csv.Error as exc:
             raise self._malformed(1, exc) from exc
+
+    def _checked_header(self, first: list[str] | None) -> list[str]:
         header = [name.strip() for name in first or []]
         if not header or header == [""]:
             raise SourceInvalid(
