@@ -210,6 +210,23 @@ def test_canonical_form_depends_on_the_instants_only(
     assert utc.canonical() == expected
 
 
+def test_the_repeated_hour_gives_each_interval_its_own_text() -> None:
+    """Equal datetimes in one zone can be different instants (``fold``): each interval
+    keeps its own text, so two windows never share an operation id."""
+    from zoneinfo import ZoneInfo
+
+    new_york = ZoneInfo("America/New_York")
+
+    def local(hour: int) -> datetime:
+        return datetime(2026, 11, 1, hour, tzinfo=UTC).astimezone(new_york)
+
+    assert local(5) == local(6)  # 01:00 EDT and 01:00 EST compare equal in one zone
+    first = Interval(start=local(5), end=local(7)).canonical()
+    second = Interval(start=local(6), end=local(7)).canonical()
+    assert first == "2026-11-01T05:00:00Z/2026-11-01T07:00:00Z"
+    assert second == "2026-11-01T06:00:00Z/2026-11-01T07:00:00Z"
+
+
 @pytest.mark.parametrize(
     "text", ["2026-11-02/2026-11-01", "2026-11-01/2026-11-01", "yesterday/today", "2026-11-01"]
 )

@@ -448,12 +448,15 @@ def test_a_reported_commit_needs_no_fence_read(world: World) -> None:
         {"epoch": 7},
         {"status": FenceStatus.PREPARED},
         {"intent_digest": "sha256:" + "9" * 64},
+        {"row_count": len(ROWS) + 1},
+        {"content_digest": "sha256:" + "8" * 64},
     ],
 )
 def test_a_reported_row_that_is_not_our_commit_is_checked_by_a_read(
     world: World, tamper: dict[str, object]
 ) -> None:
-    """Another epoch, state or intent in the report is no proof: the fence is read."""
+    """Another epoch, state, intent, count or digest in the report is no proof: the
+    fence is read."""
     connector = ReportingConnector(world, tamper)
     result = world.executor(connector=connector).run(spec())
     assert (result.state, connector.observed) == (S.COMPLETE, 1)

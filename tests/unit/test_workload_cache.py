@@ -192,3 +192,19 @@ def test_the_default_location_is_the_users_cache(
     assert len(_entries(folder)) == 1
     assert folder.stat().st_mode & 0o777 == 0o700
     assert _entries(folder)[0].stat().st_mode & 0o777 == 0o600
+
+
+def test_a_refused_workload_leaves_nothing_in_the_cache(tmp_path: Path, cache: Path) -> None:
+    """Only a valid workload's document is kept: a refused file (here a password
+    under a misspelt key) leaves no copy of itself on disk."""
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        WORKLOAD.replace(
+            'target: {kind: sqlite, url: "sqlite:///target.db", table: orders}',
+            'target: {kind: sqlite, url: "sqlite:///target.db", table: orders, pasword: x}',
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigInvalid):
+        load_workload(path)
+    assert _entries(cache) == []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ _FORMAT = "1"
 #: YAML alias bomb expands to millions once its shared references are written out).
 _MAX_NODES = 10_000
 _MAX_DEPTH = 32
-#: Past this many entries the older half is removed on the next write.
+#: Past this many entries the least recently used half is removed on the next write.
 _MAX_ENTRIES = 1024
+#: A hit marks its entry used (its mtime) at most once a day.
+_TOUCH_AFTER_S = 86_400
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -51,9 +54,12 @@ def cached(raw: bytes) -> Any:
             return MISS
         fd = os.open(folder / _name(raw), os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
         with os.fdopen(fd, "rb") as handle:
-            if not _private(os.fstat(handle.fileno())):
+            st = os.fstat(handle.fileno())
+            if not _private(st):
                 return MISS
             document = msgspec.msgpack.decode(handle.read())
+            if time.time() - st.st_mtime > _TOUCH_AFTER_S:
+                os.utime(handle.fileno())  # in use: pruning removes the least recently used
     except (OSError, ValueError, msgspec.DecodeError):
         return MISS
     return document if isinstance(document, dict) else MISS
@@ -150,7 +156,7 @@ def _plain(value: object, budget: list[int], depth: int) -> bool:
 
 
 def _prune(folder: Path) -> None:
-    """Remove the older half of the entries once there are more than ``_MAX_ENTRIES``."""
+    """Remove the least recently used half once there are more than ``_MAX_ENTRIES``."""
     entries = [entry for entry in os.scandir(folder) if not entry.name.startswith(".")]
     if len(entries) <= _MAX_ENTRIES:
         return

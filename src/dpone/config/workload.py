@@ -1059,10 +1059,12 @@ def load_workload(path: str | Path) -> Workload:
             f"workload file {file} cannot be read ({type(exc).__name__})", field="workload"
         ) from None
     data = _parsed.cached(raw)
-    if data is _parsed.MISS:
-        data = _parse_yaml(file, text)
-        _parsed.remember(raw, data)
-    return parse_workload(data, base_dir=file.resolve().parent)
+    if data is not _parsed.MISS:
+        return parse_workload(data, base_dir=file.resolve().parent)
+    data = _parse_yaml(file, text)
+    workload = parse_workload(data, base_dir=file.resolve().parent)
+    _parsed.remember(raw, data)  # only a valid workload's document is kept
+    return workload
 
 
 def _parse_yaml(file: Path, text: str) -> Any:

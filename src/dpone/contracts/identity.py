@@ -127,7 +127,9 @@ class Interval(msgspec.Struct, frozen=True, kw_only=True):
 
     def canonical(self) -> str:
         """Return ``start/end`` in ISO-8601 UTC with a ``Z`` suffix."""
-        return _canonical(self.start, self.end)
+        # keyed on the UTC instants: two equal aware datetimes in one zone may still be
+        # different instants (``fold``, the repeated hour when clocks go back)
+        return _canonical(self.start.astimezone(UTC), self.end.astimezone(UTC))
 
     def contains(self, moment: datetime) -> bool:
         """Return True when ``moment`` lies in ``[start, end)``."""
@@ -137,8 +139,8 @@ class Interval(msgspec.Struct, frozen=True, kw_only=True):
 @functools.lru_cache(maxsize=256)
 def _canonical(start: datetime, end: datetime) -> str:
     # cached: a Runner's operations share a few intervals and each operation renders its
-    # own twice (identity, metadata). Equal aware datetimes are the same instant, and the
-    # text depends on the instant only, so an equal pair always renders the same text.
+    # own twice (identity, metadata). Called with UTC datetimes only: equal UTC
+    # datetimes are the same instant (UTC has no fold), and the text depends on it only.
     return f"{_iso(start)}/{_iso(end)}"
 
 

@@ -411,7 +411,8 @@ class CommitProtocol:
 
         Reading the fence again would prove nothing new: the transaction that set it
         ``committed`` at our epoch committed, and ``committed`` is terminal (section 7;
-        ADR 0013). Anything but that row at our epoch and intent is not taken as proof:
+        ADR 0013). Anything but that row at our epoch and intent, with the count and
+        digest the mutation reports, is not taken as proof:
         the protocol then observes, as for a connector that reports nothing.
         """
         committed = report.committed
@@ -420,6 +421,8 @@ class CommitProtocol:
             or committed.status is not FenceStatus.COMMITTED
             or committed.epoch != entry.lease_epoch
             or committed.intent_digest not in (None, spec.intent_digest)
+            or committed.row_count != report.row_count
+            or committed.content_digest != report.content_digest
         ):
             return None
         return committed
@@ -942,6 +945,7 @@ class CommitProtocol:
             and ending is not None
             and ending.begun
             and ending.complete_proven is not None
+            and self._proven is not None
             and entry.lease_epoch == _FIRST_EPOCH
         ):
             # attempt 1, recorded with the entry, ends COMPLETE in this write (ADR 0013)
