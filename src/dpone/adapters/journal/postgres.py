@@ -1043,7 +1043,7 @@ class PostgresCommitJournal:
             ``(entry, run_ended)``: ``run_ended`` False when the run was not at
             ``attempt`` (the caller ends it the ordinary way, which says why).
         """
-        _, params = self._complete_statement(
+        query, params = self._complete_statement(
             operation_id=operation_id,
             expected_version=expected_version,
             expected_states=expected_states,
@@ -1051,11 +1051,9 @@ class PostgresCommitJournal:
             actor=actor,
             evidence=evidence,
             result=result,
+            ending_run=True,
         )
         params.update(end_run_id=run_id, end_attempt=int(attempt))
-        query = _cas_sql(
-            self._sql, expected_states, CommitState.COMPLETE, audited=False, ending_run=True
-        )
         # Never repeated (as complete_proven)
         row = self._run(
             "write the journal state and end the run",
@@ -1711,6 +1709,7 @@ class PostgresCommitJournal:
         audit: AuditRequest | None,
         release_lease: bool,
         atomic: bool,
+        ending_run: bool = False,
     ) -> tuple[str, dict[str, Any]]:
         """Check the move and the values; return the CAS statement with its parameters.
 
@@ -1742,7 +1741,9 @@ class PostgresCommitJournal:
             "actor": actor,
             "evidence": _rules.encode_mapping(safe_evidence),
         }
-        query = _cas_sql(self._sql, expected_states, next_state, audited=audit is not None)
+        query = _cas_sql(
+            self._sql, expected_states, next_state, audited=audit is not None, ending_run=ending_run
+        )
         if audit is None:
             return query, params
         params.update(
@@ -1763,10 +1764,12 @@ class PostgresCommitJournal:
         actor: str,
         evidence: Mapping[str, object] | None,
         result: Mapping[str, object] | None,
+        ending_run: bool = False,
     ) -> tuple[str, dict[str, Any]]:
         """The CAS to COMPLETE that also ends the lease (non-atomic, unaudited).
 
-        The statement ``complete_proven`` and ``complete_with_checkpoint`` share.
+        The statement ``complete_proven`` and ``complete_with_checkpoint`` share;
+        ``ending_run`` adds the run's end (``complete_proven_ending_run``).
         """
         return self._cas_statement(
             operation_id=operation_id,
@@ -1780,6 +1783,7 @@ class PostgresCommitJournal:
             audit=None,
             release_lease=True,
             atomic=False,
+            ending_run=ending_run,
         )
 
     def _check_txn(self, txn: psycopg.Connection[Any]) -> None:

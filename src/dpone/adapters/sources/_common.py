@@ -51,6 +51,13 @@ def _missing(path: Path) -> SourceInvalid:
     )
 
 
+def _unreadable(path: Path, exc: OSError, *, doing: str) -> SourceInvalid:
+    """The source error for ``exc``, raised while the file was being ``doing``."""
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
+        return _missing(path)
+    return SourceInvalid(f"source file {str(path)!r} could not be {doing} ({type(exc).__name__})")
+
+
 def file_identity(path: Path) -> str:
     """Return ``sha256:<hex>`` of the file's bytes, read in 1 MiB chunks.
 
@@ -66,12 +73,8 @@ def file_identity(path: Path) -> str:
 def _hash_file(path: Path) -> str:
     try:
         digest = hash_file(path)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise _missing(path) from exc
     except OSError as exc:
-        raise SourceInvalid(
-            f"source file {str(path)!r} could not be read ({type(exc).__name__})"
-        ) from exc
+        raise _unreadable(path, exc, doing="read") from exc
     return digest
 
 
@@ -116,12 +119,8 @@ def read_small(path: Path, *, limit: int) -> SmallFile | None:
     fd = _open_fd(path)
     try:
         read = _read_whole(fd, limit)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise _missing(path) from exc
     except OSError as exc:
-        raise SourceInvalid(
-            f"source file {str(path)!r} could not be read ({type(exc).__name__})"
-        ) from exc
+        raise _unreadable(path, exc, doing="read") from exc
     finally:
         os.close(fd)
     if read is None:
@@ -176,12 +175,8 @@ def _open_fd(path: Path) -> int:
     """``os.open`` for reading (no ``fstat`` of its own, unlike ``io.FileIO``)."""
     try:
         return os.open(path, os.O_RDONLY)  # close-on-exec, as every Python descriptor
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise _missing(path) from exc
     except OSError as exc:
-        raise SourceInvalid(
-            f"source file {str(path)!r} could not be opened ({type(exc).__name__})"
-        ) from exc
+        raise _unreadable(path, exc, doing="opened") from exc
 
 
 class HashingReader(io.RawIOBase):
@@ -215,12 +210,8 @@ class HashingReader(io.RawIOBase):
 def open_raw(path: Path) -> io.FileIO:
     try:
         return io.FileIO(path, "r")
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise _missing(path) from exc
     except OSError as exc:
-        raise SourceInvalid(
-            f"source file {str(path)!r} could not be opened ({type(exc).__name__})"
-        ) from exc
+        raise _unreadable(path, exc, doing="opened") from exc
 
 
 def _text(raw: io.RawIOBase) -> TextIO:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from dpone.adapters.sources import _prefetch
 from dpone.adapters.sources._common import (
@@ -38,6 +38,8 @@ __all__ = ["SMALL_FILE_BYTES", "CsvRows", "CsvSource"]
 
 Batch = list[tuple[object, ...]]
 _DeclaredKey = tuple[tuple[str, object], ...]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 #: Declared column types by the declaration's items (a Runner opens one source per
 #: operation, always with the workload's one declaration), and the columns of a header
@@ -52,17 +54,23 @@ def _declared(
     columns: Mapping[str, ColumnType | str],
 ) -> tuple[_DeclaredKey | None, dict[str, ColumnType]]:
     """``declared_columns(columns)`` and the key it is kept under (None: not kept)."""
+    key = tuple(columns.items())
     try:
-        key = tuple(columns.items())
-        found = _DECLARED.get(key)
+        hash(key)
     except TypeError:  # a value that cannot be a key (a list): validated, and refused
         return None, declared_columns(columns)
+    return key, _kept(_DECLARED, key, lambda: declared_columns(columns))
+
+
+def _kept(kept: dict[_K, _V], key: _K, make: Callable[[], _V]) -> _V:
+    """``kept[key]``, made by ``make`` the first time; the dict is emptied when full."""
+    found = kept.get(key)
     if found is None:
-        found = declared_columns(columns)
-        if len(_DECLARED) >= _KEPT_MAX:
-            _DECLARED.clear()
-        _DECLARED[key] = found
-    return key, found
+        found = make()  # raises for a bad input: nothing is kept then
+        if len(kept) >= _KEPT_MAX:
+            kept.clear()
+        kept[key] = found
+    return found
 
 
 #: A file of at most this many bytes is read once, whole: hashed for its identity, and
@@ -164,14 +172,12 @@ class CsvSource:
             return columns_of(self._checked_header(first), self._declared)
         # The checks and the columns follow from the header row and the declared types
         # alone: a Runner's operations read files with one header, checked once.
-        key = (tuple(first or ()), self._declared_key)
-        known = _HEADERS.get(key)
-        if known is None:
-            known = columns_of(self._checked_header(first), self._declared)
-            if len(_HEADERS) >= _KEPT_MAX:
-                _HEADERS.clear()
-            _HEADERS[key] = known
-        return known
+        declared = self._declared
+        return _kept(
+            _HEADERS,
+            (tuple(first or ()), self._declared_key),
+            lambda: columns_of(self._checked_header(first), declared),
+        )
 
     def _header(self, reader: Iterator[list[str]]) -> list[str]:
         return self._checked_header(self._first_row(reader))
