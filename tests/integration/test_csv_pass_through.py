@@ -20,6 +20,7 @@ import duckdb
 import psycopg
 import pytest
 
+from dpone.adapters.connectors import duckdb as duckdb_connector
 from dpone.adapters.connectors import postgres as pg_connector
 from dpone.adapters.connectors.duckdb import DuckDbConnector
 from dpone.adapters.connectors.postgres import PostgresConnector
@@ -49,6 +50,25 @@ TRICKY = (
     '7,"",,"\n"\n'
     "8,it's,3,'single'"
 )
+
+# TRICKY's records, for a file large enough to be read in chunks and checked ahead (over
+# the 1 MiB a small file is read in one go, as ``dpone run`` checks ahead from 1 MiB).
+TRICKY_RECORDS = (
+    '{},"say ""hi""",1.5,plain',
+    '{},"a,b","2","line one\nline two"',
+    '{},,,""',
+    '{},"  ",,  spaced  ',
+    '{},Ünïcødé 日本 ✓,-0.25,"""lead"',
+    '{},"trail""",1e3,"x""y""z"',
+    '{},"",,"\n"',
+    "{},it's,3,'single'",
+)
+
+
+def _tricky_big(n: int) -> str:
+    rows = (TRICKY_RECORDS[i % len(TRICKY_RECORDS)].format(i + 1) for i in range(n))
+    return "\ufeffid,name,amount,note\n" + "\n".join(rows)  # no line end after the last
+
 
 _ops = count(1)
 _started: list[str] = []  # operation ids, latest last
@@ -420,10 +440,11 @@ def test_duckdb_a_file_changed_during_the_transaction_never_commits(
 
 
 def _load_changing_after_scan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], None]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], None], rows: int = 2
 ) -> Path:
     """Pass ``a.csv`` through DuckDB, calling ``change`` between the scan and the re-check."""
-    path = _write(tmp_path / "a.csv", "id,name,amount,note\n1,a,1,b\n2,x,2,y\n")
+    body = "".join(f"{n},n{n},{n},y\n" for n in range(1, rows + 1))
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n" + body)
     original = DuckDbConnector._apply
 
     def scan_then_change(self: DuckDbConnector, *args: Any) -> int:
@@ -508,6 +529,132 @@ def test_duckdb_a_racy_file_is_hashed_again_even_when_its_stat_did_not_change(
         connector.close()
     assert passed == []
     assert len(set(seen)) > 1  # the file's real stat did change; the pinned one did not
+
+
+@pytest.fixture
+def checked_ahead(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
+    """Hash and check a settled file ahead, in a forked child, as ``dpone run`` does."""
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
+    monkeypatch.setattr(_prefetch, "_PREFETCHED_CHECKS", {})
+    monkeypatch.setattr(_prefetch, "_CHECKED", {})
+    # threads other tests left running: the child runs only what was imported before
+    monkeypatch.setattr(_prefetch, "_may_fork", lambda: True)
+
+    def check(path: Path) -> None:
+        _prefetch.prefetch_identity(path, check_csv=",")
+        assert isinstance(_prefetch._PREFETCHED[str(path.resolve())], _prefetch._ForkedPrefetch)
+
+    return check
+
+
+def _no_checking_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(duckdb_connector, "_FileCheck", lambda raw: pytest.fail("read again"))
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_duckdb_loads_a_file_checked_ahead_without_reading_it_beside_the_scan(
+    tmp_path: Path,
+    passed: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    checked_ahead: Callable[[Path], None],
+    newline: str,
+) -> None:
+    path = _write(tmp_path / "tricky.csv", _tricky_big(60_000), newline=newline)
+    by_rows = tmp_path / "by_rows.duckdb"
+    connector = DuckDbConnector(by_rows, table="by_rows")
+    try:
+        _mutate(connector, path, _plan("by_rows"), raw=False)
+    finally:
+        connector.close()
+    checked_ahead(path)
+    _no_checking_read(monkeypatch)
+    counting = _CountingSha256()
+    monkeypatch.setattr(_passthrough, "hashlib", counting)
+    by_file = tmp_path / "by_file.duckdb"
+    connector = DuckDbConnector(by_file, table="by_file")
+    try:
+        assert _mutate(connector, path, _plan("by_file"), raw=True)[:2] == (60_000, 60_000)
+    finally:
+        connector.close()
+    assert passed == [60_000]
+    assert counting.started == 0  # the stat vouched for the bytes: no hash in the load
+    assert _duck_rows(by_file, "by_file") == _duck_rows(by_rows, "by_rows")
+
+
+def test_duckdb_a_file_refused_ahead_takes_the_rows_path_without_a_scan(
+    tmp_path: Path,
+    passed: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    checked_ahead: Callable[[Path], None],
+) -> None:
+    rows = "".join(f"{n},n{n},{n},w\n" for n in range(1, 80_001))
+    path = _write(tmp_path / "odd.csv", "id,name,amount,note\n1,a,1,b\n\n" + rows)
+    checked_ahead(path)
+    _no_checking_read(monkeypatch)
+    scanned: list[str] = []
+    apply = DuckDbConnector._apply
+    monkeypatch.setattr(DuckDbConnector, "_apply", lambda *a: scanned.append(a[-1]) or apply(*a))
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (80_001, 80_001)
+    finally:
+        connector.close()
+    assert passed == []  # the rows path loaded it: the blank line skipped, as Python reads it
+    assert len(_duck_rows(db, "t")) == 80_001
+    assert str(path) not in scanned  # refused before DuckDB read the file
+
+
+def test_duckdb_a_file_checked_ahead_and_written_after_the_scan_never_commits(
+    tmp_path: Path,
+    passed: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    checked_ahead: Callable[[Path], None],
+) -> None:
+    def overwrite_in_place(path: Path) -> None:  # same size, same inode, new bytes
+        with path.open("r+b") as handle:
+            handle.seek(-2, 2)
+            handle.write(b"z\n")
+
+    path = _load_changing_after_scan(tmp_path, monkeypatch, overwrite_in_place, rows=80_000)
+    checked_ahead(path)
+    _no_checking_read(monkeypatch)
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan("t"), raw=True)
+        _assert_nothing_committed(connector, db)
+    finally:
+        connector.close()
+    assert passed == []
+
+
+def test_duckdb_reads_beside_the_scan_a_file_written_after_its_check_ahead(
+    tmp_path: Path,
+    passed: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    checked_ahead: Callable[[Path], None],
+) -> None:
+    """The identity hash and the check saw other bytes: both are made again, in the load."""
+    rows = "".join(f"{n},n{n},{n},y\n" for n in range(1, 80_001))
+    path = _write(tmp_path / "a.csv", "id,name,amount,note\n" + rows)
+    checked_ahead(path)
+    time.sleep(0.01)
+    path.write_bytes(path.read_bytes()[:-2] + b"z\n")
+    reads: list[bool] = []
+    real = duckdb_connector._FileCheck
+    monkeypatch.setattr(duckdb_connector, "_FileCheck", lambda raw: reads.append(True) or real(raw))
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        assert _mutate(connector, path, _plan("t"), raw=True)[:2] == (80_000, 80_000)
+    finally:
+        connector.close()
+    assert reads == [True]
+    assert passed == [80_000]
+    assert _duck_rows(db, "t")[-1][-1] == "z"
 
 
 def test_duckdb_an_unchanged_settled_file_is_not_hashed_again(
@@ -623,7 +770,7 @@ def test_pg_a_file_overwritten_in_place_while_it_streams_never_commits(
     monkeypatch.setattr(_passthrough, "CHUNK_SIZE", 24)  # several chunks, the header in the first
     rows = "".join(f"{n},n{n},{n},w\n" for n in range(1, 11))  # read after the overwrite
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n" + rows)
-    check = _passthrough._Checker.check
+    check = _passthrough.Checker.check
     calls = count()
 
     def check_then_overwrite(self: Any, chunk: bytes, *, final: bool) -> None:
@@ -635,7 +782,7 @@ def test_pg_a_file_overwritten_in_place_while_it_streams_never_commits(
                 handle.seek(-2, 2)
                 handle.write(b"Z\n")
 
-    monkeypatch.setattr(_passthrough._Checker, "check", check_then_overwrite)
+    monkeypatch.setattr(_passthrough.Checker, "check", check_then_overwrite)
     connector = _pg_connector(pg, "t")
     try:
         with pytest.raises(SourceInvalid, match="source changed"):

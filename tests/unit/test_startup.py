@@ -14,9 +14,14 @@ import pytest
 
 from dpone.adapters.sources import _prefetch
 from dpone.adapters.sources._common import file_identity
+from dpone.adapters.sources._passthrough import CsvFileBytes
 from dpone.cli import _early
 from dpone.errors import SourceInvalid
+from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsvRefused
 from dpone.testing.crash import write_orders_csv
+
+COLUMNS = ("order_id", "customer", "amount", "ordered_at")
+REAL_MAY_FORK = _prefetch._may_fork
 
 
 def sha(path: Path) -> str:
@@ -26,8 +31,160 @@ def sha(path: Path) -> str:
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
+    monkeypatch.setattr(_prefetch, "_PREFETCHED_CHECKS", {})
     monkeypatch.setattr(_prefetch, "_VOUCHED", {})
+    monkeypatch.setattr(_prefetch, "_CHECKED", {})
     monkeypatch.setattr(_early, "_started", False)
+    # other tests may leave threads running in this process; the child forked here runs
+    # only what ``_prefetch`` imported before forking, so it cannot wait on their locks
+    monkeypatch.setattr(_prefetch, "_may_fork", lambda: True)
+
+
+def state_of(path: Path) -> _prefetch.StatKey:
+    return _prefetch.stat_key(path.stat())
+
+
+def forked(path: Path, delimiter: str = ",") -> _prefetch._ForkedPrefetch:
+    """Prefetch ``path`` with its check ahead; the forked child is the one used."""
+    _prefetch.prefetch_identity(path, check_csv=delimiter)
+    pending = _prefetch._PREFETCHED[str(path.resolve())]
+    assert isinstance(pending, _prefetch._ForkedPrefetch)
+    return pending
+
+
+def test_a_csv_file_for_a_scanning_target_is_hashed_and_checked_in_a_forked_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)  # settled: its stat vouches for it
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)  # CRLF line ends, as csv.writer writes them
+    pending = forked(data)
+    child = pending._pid
+    assert child is not None
+    assert child != os.getpid()
+    assert file_identity(data) == sha(data)
+    ahead = _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True)
+    assert ahead == _prefetch.CheckedAhead(
+        header=("order_id", "customer", "amount", "ordered_at"), records=1000, refused=None
+    )
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left behind
+        os.waitpid(child, os.WNOHANG)
+    # used once; and only for the stat, delimiter and line ends it was made with
+    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    forked(data)
+    assert file_identity(data) == sha(data)
+    assert _prefetch.checked_ahead(data, state_of(data), delimiter=";", crlf=True) is None
+    forked(data)
+    assert file_identity(data) == sha(data)
+    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=False) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "records", "refused"),
+    [
+        ("a,b\n1,2\n3,4", 2, None),  # no line end after the last record
+        ('a,b\n1,"x\ny"\n', 1, None),  # a line feed inside quotes ends no record
+        ("a,b\n1,2\n\n3,4\n", 3, "blank line"),
+        ("a,b\n1,2\r3,4\n", 1, "carriage return"),
+        ('a,b\n1,x"y"\n', 1, "a quote inside an unquoted field"),
+    ],
+)
+def test_the_check_ahead_finds_what_the_checking_read_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, records: int, refused: str | None
+) -> None:
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    data = tmp_path / "a.csv"
+    data.write_bytes(body.encode())
+    forked(data)
+    assert file_identity(data) == sha(data)
+    ahead = _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True)
+    assert ahead is not None
+    assert (ahead.header, ahead.refused) == (("a", "b"), refused)
+    if refused is None:
+        assert ahead.records == records
+    raw = CsvFileBytes(data, delimiter=",", columns=("a", "b"), expected_identity=sha(data))
+    if refused is None:
+        assert sum(1 for _ in raw.chunks(crlf=True, verified_after=True)) == 1
+        assert raw.records() == records
+    else:
+        with pytest.raises(RawCsvRefused, match=refused):
+            list(raw.chunks(crlf=True, verified_after=True))
+
+
+def test_no_check_ahead_holds_for_a_file_written_after_it(tmp_path: Path) -> None:
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_prefetch, "RACY_NS", 0)
+        pending = forked(data)
+        assert file_identity(data) == sha(data)
+    before = state_of(data)
+    time.sleep(0.01)
+    raw = bytearray(data.read_bytes())  # same size, other bytes: only the stat tells
+    raw[-3:-1] = b"99" if raw[-3:-1] != b"99" else b"98"
+    data.write_bytes(bytes(raw))
+    assert state_of(data) != before
+    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert pending._pid is None  # reaped all the same
+    file = CsvFileBytes(data, delimiter=",", columns=COLUMNS, expected_identity=sha(data))
+    assert file.records_checked_ahead(crlf=True) is None  # the target reads chunks()
+
+
+def test_a_racy_file_is_hashed_ahead_but_never_checked_ahead(tmp_path: Path) -> None:
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)  # just written: racy
+    pending = forked(data)
+    assert file_identity(data) == sha(data)
+    assert pending._pid is None  # the child was ended once its hash was taken
+    assert _prefetch._VOUCHED == {}
+    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+
+
+def test_a_child_that_sends_nothing_leaves_the_hash_to_the_run(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.csv"
+    pending = forked(missing)
+    with pytest.raises(SourceInvalid, match="does not exist"):
+        file_identity(missing)
+    assert pending._pid is None
+
+
+def test_the_check_ahead_waits_only_a_little_for_a_slow_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child still checking when the target asks is ended; the target checks itself."""
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    monkeypatch.setattr(_prefetch, "_CHECK_WAIT_S", 0.0)
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 200_000)  # some 8 MB: its check takes longer than no wait
+    pending = forked(data)
+    assert file_identity(data) == sha(data)
+    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert pending._pid is None
+
+
+def test_a_process_with_threads_hashes_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forking copies only the calling thread: with others running, no child is forked."""
+    monkeypatch.setattr(_prefetch, "_may_fork", REAL_MAY_FORK)
+    monkeypatch.setattr(_prefetch.threading, "active_count", lambda: 2)
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    _prefetch.prefetch_identity(data, check_csv=",")
+    assert isinstance(_prefetch._PREFETCHED[str(data.resolve())], _prefetch._Prefetch)
+    assert file_identity(data) == sha(data)
+
+
+def test_dpone_run_checks_ahead_only_a_csv_file_for_duckdb(tmp_path: Path) -> None:
+    assert _early._PASS_THROUGH_DELIMITERS == RAW_CSV_DELIMITERS
+    csv_source = {"kind": "csv", "path": "a.csv"}
+    duckdb = {"kind": "duckdb", "url": "duckdb:///t.duckdb", "table": "t"}
+    assert _early._checked_ahead_delimiter(csv_source, duckdb) == ","
+    assert _early._checked_ahead_delimiter({**csv_source, "delimiter": ";"}, duckdb) == ";"
+    assert _early._checked_ahead_delimiter({**csv_source, "delimiter": ":"}, duckdb) is None
+    assert _early._checked_ahead_delimiter({"kind": "jsonl", "path": "a.jsonl"}, duckdb) is None
+    assert _early._checked_ahead_delimiter(csv_source, {**duckdb, "kind": "postgres"}) is None
+    assert _early._checked_ahead_delimiter(csv_source, "duckdb") is None
 
 
 def test_prefetched_identity_is_the_file_hash_and_is_used_once(tmp_path: Path) -> None:
@@ -567,3 +724,59 @@ def test_a_finished_run_exits_at_once_with_atexit_handlers_output_and_code(
     assert done.returncode == 2
     assert "DPONE_CONFIG_INVALID" in done.stderr
     assert done.stderr.endswith("\n")
+
+
+def _dpone_run_counting_checking_reads(wl: Path, cwd: Path) -> tuple[str, int]:
+    """``dpone run`` of ``wl`` in a fresh process: its result line and its checking reads."""
+    probe = (
+        "import atexit, sys\n"
+        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        "import dpone.adapters.connectors.duckdb as connector\n"
+        "made = []\n"
+        "real = connector._FileCheck\n"
+        "connector._FileCheck = lambda raw: made.append(1) or real(raw)\n"
+        "atexit.register(lambda: print(len(made)))\n"
+        "from dpone.cli.entry import main\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result, reads = done.stdout.splitlines()
+    return result, int(reads)
+
+
+def test_dpone_run_into_duckdb_checks_a_settled_file_ahead_and_a_fresh_one_beside_the_scan(
+    tmp_path: Path,
+) -> None:
+    import duckdb
+
+    for name in ("settled", "fresh"):
+        (tmp_path / name).mkdir()
+        write_orders_csv(tmp_path / name / "orders.csv", 40_000)  # over 1 MiB
+        (tmp_path / name / "w.yaml").write_text(
+            "workload: w\nrelease: r\ndeployment: d\njournal: sqlite:///j.db\n"
+            "source: {kind: csv, path: orders.csv, columns: {order_id: integer, "
+            "customer: text, amount: real, ordered_at: timestamp}}\n"
+            "target: {kind: duckdb, url: 'duckdb:///t.duckdb', table: t}\n"
+            "load: {strategy: append}\n",
+            encoding="utf-8",
+        )
+    time.sleep(_prefetch.RACY_NS / 1e9 + 0.2)  # "settled" was written long enough ago
+    write_orders_csv(tmp_path / "fresh" / "orders.csv", 40_000)  # just written: racy
+    for name, checking_reads in (("settled", 0), ("fresh", 1)):
+        cwd = tmp_path / name
+        result, reads = _dpone_run_counting_checking_reads(cwd / "w.yaml", cwd)
+        assert result.startswith("COMPLETE ")
+        assert reads == checking_reads
+        with duckdb.connect(str(cwd / "t.duckdb"), read_only=True) as conn:
+            loaded = conn.execute("SELECT count(*), count(DISTINCT order_id) FROM t").fetchone()
+        assert loaded == (40_000, 40_000)

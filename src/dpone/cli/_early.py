@@ -24,6 +24,8 @@ _VALUE_OPTIONS = frozenset(
 #: Smaller files hash in a few milliseconds: not worth a thread.
 _MIN_BYTES = 1 << 20
 _started = False
+#: ``dpone.ports.source.RAW_CSV_DELIMITERS``
+_PASS_THROUGH_DELIMITERS = frozenset(",;|\t")
 
 
 def _workload_argument(args: list[str]) -> str | None:
@@ -39,6 +41,22 @@ def _workload_argument(args: list[str]) -> str | None:
         elif not arg.startswith("-"):
             return arg
     return None
+
+
+def _checked_ahead_delimiter(source: dict[object, object], target: object) -> str | None:
+    """The delimiter to check a CSV file ahead with, for a target that reads it itself.
+
+    DuckDB scans the file with its own reader beside a Python read that checks it; the
+    check can run ahead, beside start-up, instead (``_prefetch.checked_ahead``). The
+    delimiters are ``dpone.ports.source.RAW_CSV_DELIMITERS`` (not imported here: it
+    pulls in the contracts; a test keeps the two equal).
+    """
+    if source.get("kind") != "csv" or not isinstance(target, dict):
+        return None
+    delimiter = source.get("delimiter", ",")
+    if target.get("kind") != "duckdb" or delimiter not in _PASS_THROUGH_DELIMITERS:
+        return None
+    return str(delimiter)
 
 
 def prefetch_run_source(args: list[str]) -> None:
@@ -84,6 +102,6 @@ def prefetch_run_source(args: list[str]) -> None:
             return
         from dpone.adapters.sources._prefetch import prefetch_identity
 
-        prefetch_identity(path)
+        prefetch_identity(path, check_csv=_checked_ahead_delimiter(source, data.get("target")))
     except Exception:  # noqa: BLE001 - a peek only: the run reports every problem
         return

@@ -101,6 +101,20 @@ class RawCsv(Protocol):
         """
         ...
 
+    def records_checked_ahead(self, *, crlf: bool) -> int | None:
+        """The record count of checks made before this read, when they still hold; else None.
+
+        For a target that reads the file itself: ``chunks(crlf=crlf, verified_after=True)``
+        need not run when this returns a count (the same checks ran ahead on the very
+        bytes the file still has; ``records`` returns it too). ``verify_unchanged`` after
+        the target's read is still required.
+
+        Raises:
+            RawCsvRefused: the checks made ahead refused the file.
+
+        """
+        ...
+
     def records(self) -> int:
         """Return the number of records after the header, counted while ``chunks`` read.
 

@@ -74,6 +74,7 @@ class _CountedRawCsv:
         self.chunks = raw.chunks
         self.verify_unchanged = raw.verify_unchanged
         self.records = raw.records
+        self.records_checked_ahead = raw.records_checked_ahead
 
     @property
     def path(self) -> Path:

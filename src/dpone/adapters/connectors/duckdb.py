@@ -776,26 +776,35 @@ class DuckDbConnector:
         While DuckDB scans the file, a thread reads it too (``RawCsv.chunks``): it must
         be the snapshot (hashed, unless the identity's hash vouches for this very file)
         and hold RFC 4180 records that the rows path reads the same way, as many as
-        DuckDB loaded. After the scan it must still be the file the thread opened
-        (``verify_unchanged``: its stat, and a new hash if it was racy; ADR 0004). All
-        of it runs inside the transaction: a changed file raises "source changed" and
-        nothing commits; a refusal rolls back and the rows path runs (``_RowsInstead``).
+        DuckDB loaded. A file checked ahead (``RawCsv.records_checked_ahead``, the same
+        checks on the same bytes) is not read again. After the scan it must still be the
+        file the thread opened (``verify_unchanged``: its stat, and a new hash if it was
+        racy; ADR 0004). All of it runs inside the transaction: a changed file raises
+        "source changed" and nothing commits; a refusal rolls back and the rows path runs
+        (``_RowsInstead``).
         """
         if raw.columns != tuple(c.name for c in plan.columns):
             return None
         # The line ending is left to DuckDB (LF or CRLF); the record count proves it
         # read the records Python would.
         scan = _csv_scan(plan, header=True, delimiter=raw.delimiter, new_line=None)
-        check = _FileCheck(raw)
+        try:
+            # checked ahead, beside start-up (``dpone run``): the scan has every core
+            ahead = raw.records_checked_ahead(crlf=True)
+        except RawCsvRefused:
+            return None
+        check = None if ahead is not None else _FileCheck(raw)
         failed: duckdb.Error | None = None
         try:
             count = self._apply(conn, plan, table, scan, str(raw.path))
         except duckdb.Error as exc:
             failed = exc
         finally:
-            check.join()
+            if check is not None:
+                check.join()
         try:
-            check.result()  # "source changed" wins over any other outcome
+            if check is not None:
+                check.result()  # "source changed" wins over any other outcome
         except RawCsvRefused:
             raise _RowsInstead from None
         if failed is not None:

@@ -12,118 +12,32 @@ handed out (all checks are C-level scans: no Python work per row or value):
   NUL byte, no ``\\.`` (PostgreSQL's end-of-data marker);
 - the header line's names are the plan's columns.
 
-Anything else raises ``RawCsvRefused`` and the connector falls back to the rows.
+Anything else raises ``RawCsvRefused`` and the connector falls back to the rows. The
+checks themselves are in ``_csvcheck``.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from dpone.adapters.sources._common import CHUNK_SIZE, changed_error, open_raw
-from dpone.adapters.sources._prefetch import StatKey, settled, stat_key, vouched_identity
+from dpone.adapters.sources._csvcheck import Checker, CsvRefused
+from dpone.adapters.sources._prefetch import (
+    StatKey,
+    checked_ahead,
+    settled,
+    stat_key,
+    vouched_identity,
+)
 from dpone.ports.source import RAW_CSV_DELIMITERS, RawCsvRefused
 
 __all__ = ["CsvFileBytes"]
-
-_END_OF_DATA = re.compile(rb"\\\.")
-_BLANK_LINE = re.compile(rb"\n\n")  # re's literal search beats bytes.find for this one
-_BLANK_LINE_CRLF = re.compile(rb"\n\r?\n")
-_LONE_CR = re.compile(rb"\r[^\n]")  # faster than a lookahead; a final CR is checked apart
-
-
-class _Checker:
-    """Checks consecutive chunks of one file; keeps the little state that crosses chunks."""
-
-    def __init__(self, delimiter: bytes, columns: tuple[str, ...], *, crlf: bool) -> None:
-        self._delimiter = delimiter
-        self._columns = columns
-        self._crlf = crlf
-        # A byte other than these in front of an opening quote means it opens mid-field.
-        # NUL separates the joined segments; '"' in front is an escaped quote ("").
-        self._bad_open = re.compile(b"[^" + re.escape(delimiter) + b'\\n\\x00"]\\x00')
-        self._odd = False  # an odd number of quotes so far: inside a quoted section
-        self._last = b"\n"  # the byte before the chunk (the start of the file is a line start)
-        self._tail = b""  # the last two bytes before the chunk, for two-byte patterns
-        self._header_seen = False
-        self.newlines = 0  # line feeds outside quoted sections: record ends (header's too)
-
-    def check(self, chunk: bytes, *, final: bool) -> None:
-        if not self._header_seen:
-            self._header(chunk)
-            self._header_seen = True
-        # Single-byte membership tests are memchr scans; the rarer patterns are only
-        # searched for when their first byte occurs at all.
-        if b"\x00" in chunk:
-            raise RawCsvRefused("NUL byte")
-        # Every pattern is at most 3 bytes: one that crosses the border lies in ``edge``
-        # (the last two bytes before the chunk and its first two), so the chunk itself
-        # is searched as it is, never copied behind the tail.
-        edge = self._tail + chunk[:2]
-        if (b"\\" in chunk or b"\\" in edge) and (
-            _END_OF_DATA.search(chunk) or _END_OF_DATA.search(edge)
-        ):
-            raise RawCsvRefused("end-of-data marker")
-        if b"\r" in chunk or b"\r" in edge:
-            # A CR ending a chunk is decided with the next chunk's first byte (the tail).
-            if (
-                not self._crlf
-                or _LONE_CR.search(chunk)
-                or _LONE_CR.search(edge)
-                or (final and chunk.endswith(b"\r"))
-            ):
-                raise RawCsvRefused("carriage return")
-            if _BLANK_LINE_CRLF.search(chunk) or _BLANK_LINE_CRLF.search(edge):
-                raise RawCsvRefused("blank line")
-        elif _BLANK_LINE.search(chunk) or _BLANK_LINE.search(edge):
-            raise RawCsvRefused("blank line")
-        newlines = chunk.count(b"\n")
-        if b'"' in chunk:
-            newlines -= self._quotes(chunk)
-        self.newlines += newlines
-        self._tail = (self._tail + chunk[-2:])[-2:]
-        if chunk:
-            self._last = chunk[-1:]
-        if final and self._odd:
-            raise RawCsvRefused("unterminated quoted field")
-
-    def _quotes(self, chunk: bytes) -> int:
-        """Check where quoted sections open; return the line feeds inside them."""
-        parts = chunk.split(b'"')
-        quotes = len(parts) - 1
-        # parts[i] lies inside a quoted section when the quotes before it are odd.
-        quoted = b"".join(parts[0 if self._odd else 1 :: 2]).count(b"\n")
-        # parts[i] precedes the chunk's i-th quote; the (1-based) odd quotes of the file
-        # open a quoted section, so keep the segments in front of those.
-        start = 1 if self._odd else 0
-        heads = parts[start:quotes:2]
-        if heads and start == 0:
-            heads[0] = self._last + heads[0]
-        if heads and self._bad_open.search(b"\x00".join(heads) + b"\x00"):
-            raise RawCsvRefused("a quote inside an unquoted field")
-        if quotes % 2:
-            self._odd = not self._odd
-        return quoted
-
-    def _header(self, chunk: bytes) -> None:
-        end = chunk.find(b"\n")
-        line = chunk[: end if end >= 0 else len(chunk)]
-        if end < 0 or line.count(b'"') % 2:
-            raise RawCsvRefused("header line")
-        try:
-            text = line.decode("utf-8-sig").rstrip("\r")
-        except UnicodeDecodeError:
-            raise RawCsvRefused("header encoding") from None
-        names = next(csv.reader([text], delimiter=self._delimiter.decode("ascii")), [])
-        if tuple(n.strip() for n in names) != self._columns:
-            raise RawCsvRefused("header names")
 
 
 class CsvFileBytes:
@@ -175,7 +89,7 @@ class CsvFileBytes:
         ``verified_after`` (a target that reads the file itself and calls
         ``verify_unchanged`` after its read) that last stat is left to that call.
         """
-        checker = _Checker(self._delimiter.encode("ascii"), self._columns, crlf=crlf)
+        checker = Checker(self._delimiter.encode("ascii"), self._columns, crlf=crlf)
         now = time.time_ns()  # before the stat: a later write is stamped at least this
         with self._open() as handle:
             self._state = stat_key(os.fstat(handle.fileno()))
@@ -187,7 +101,10 @@ class CsvFileBytes:
                 following = handle.read(CHUNK_SIZE)
                 if digest is not None:
                     digest.update(chunk)
-                checker.check(chunk, final=not following)
+                try:
+                    checker.check(chunk, final=not following)
+                except CsvRefused as exc:
+                    raise RawCsvRefused(str(exc)) from None
                 if not following:
                     self._prove(digest, stat_again=not verified_after)
                     # The header's line feed ends no record; a last record may lack one.
@@ -196,6 +113,40 @@ class CsvFileBytes:
                 chunk = following
             if self._records is None:  # an empty file
                 self._prove(digest, stat_again=not verified_after)
+
+    def records_checked_ahead(self, *, crlf: bool) -> int | None:
+        """The record count of a check made before the target's read, while it still holds.
+
+        ``dpone run`` checks a large CSV file in a process forked at start-up, beside the
+        imports (``_prefetch.prefetch_identity``), for a target that reads the file
+        itself. That check holds for this read when the identity hash vouches for the
+        file's current stat (settled, unchanged since) and the check ran on the same
+        stat, with this delimiter and ``crlf``: the bytes checked are the bytes the
+        target reads. Then ``chunks`` need not run; ``verify_unchanged`` after the
+        target's read proves nothing wrote to the file meanwhile, as after ``chunks``.
+
+        Returns None when there is no such check (the caller reads ``chunks``).
+
+        Raises:
+            RawCsvRefused: the check refused the file, or its header is not ``columns``.
+        """
+        now = time.time_ns()
+        try:
+            with self._open() as handle:
+                state = stat_key(os.fstat(handle.fileno()))
+        except OSError:
+            return None  # chunks() reports it
+        if vouched_identity(self._path, state) != self._expected:
+            return None
+        ahead = checked_ahead(self._path, state, delimiter=self._delimiter, crlf=crlf)
+        if ahead is None:
+            return None
+        if ahead.refused is not None:
+            raise RawCsvRefused(ahead.refused)
+        if ahead.header != self._columns:
+            raise RawCsvRefused("header names")
+        self._state, self._settled, self._records = state, settled(state, now), ahead.records
+        return ahead.records
 
     def records(self) -> int:
         """Return the number of records after the header (once ``chunks`` is exhausted)."""

@@ -1,8 +1,13 @@
-"""A file's content hash computed ahead, in a background thread (no other dpone import).
+"""A file's content hash computed ahead, beside start-up (no other dpone import).
 
 ``dpone run`` starts it before importing the rest of dpone (``dpone.cli._early``), so
 the identity hash overlaps with start-up that holds the interpreter: ``hashlib`` and
-file reads release the GIL. :func:`dpone.adapters.sources._common.file_identity` uses
+file reads release the GIL, so a background thread does it. A CSV file bound for a
+target that reads the file itself (DuckDB) is also checked ahead (``_csvcheck``): those
+scans hold the GIL, so a process forked before any thread exists hashes and checks it
+on the core the imports leave idle, and sends both back through a pipe; the target's
+scan then has every core (``checked_ahead``, ADR 0004's amendment of session 6).
+:func:`dpone.adapters.sources._common.file_identity` uses
 the prefetched digest only when the file's device, inode, size, mtime and ctime are
 the same before the hash, after it and when the identity is asked for; otherwise it
 hashes again. Either way every load checks the bytes it reads against the identity
@@ -13,14 +18,20 @@ hashes again. Either way every load checks the bytes it reads against the identi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import select
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = [
     "RACY_NS",
+    "CheckedAhead",
     "StatKey",
+    "checked_ahead",
     "hash_file",
     "prefetch_identity",
     "settled",
@@ -145,20 +156,231 @@ class _Prefetch:
         return self.identity
 
 
+class CheckedAhead(NamedTuple):
+    """What the CSV checks found in a file with one stat (``_csvcheck.Checker``)."""
+
+    header: tuple[str, ...]
+    records: int  # records after the header
+    refused: str | None  # why a target's parser could read the file differently
+
+
+#: Checks made ahead by resolved path: the stat (settled, before and after the check),
+#: the delimiter and ``crlf`` they ran with, and what they found.
+_CHECKED: dict[str, tuple[StatKey, str, bool, CheckedAhead]] = {}
+#: A forked check may still be running when the target asks: wait this long, no longer.
+_CHECK_WAIT_S = 0.05
+
+
+def checked_ahead(path: Path, key: StatKey, *, delimiter: str, crlf: bool) -> CheckedAhead | None:
+    """The check made ahead of ``path`` while it had the settled stat ``key``, if any.
+
+    A file that still has that stat has the bytes checked. Each check is used once.
+    """
+    resolved = str(path.resolve())
+    pending = _PREFETCHED_CHECKS.pop(resolved, None)
+    if pending is not None:
+        pending.collect_check()
+    found = _CHECKED.pop(resolved, None)
+    if found is None or found[:3] != (key, delimiter, crlf):
+        return None
+    return found[3]
+
+
+def _child_hash_and_check(path: Path, delimiter: str, out: int) -> None:
+    """In the forked child: send the identity line, then the check line (JSON each)."""
+    now = time.time_ns()
+    before = _stat_key(path)
+    identity = sha256_of_file(path)
+    if _stat_key(path) != before:
+        return
+    _send(out, {"key": before, "identity": identity, "settled": settled(before, now)})
+    from dpone.adapters.sources._csvcheck import Checker, CsvRefused  # imported before fork
+
+    checker = Checker(delimiter.encode("ascii"), None, crlf=True)
+    refused = None
+    last = b""
+    try:
+        with path.open("rb", buffering=0) as handle:
+            chunk = handle.read(_CHUNK)
+            while chunk:
+                following = handle.read(_CHUNK)
+                checker.check(chunk, final=not following)
+                last, chunk = chunk, following
+    except CsvRefused as exc:
+        refused = str(exc)
+    if _stat_key(path) != before:
+        return
+    records = checker.newlines - 1 + (bool(last) and not last.endswith(b"\n"))
+    _send(out, {"header": checker.header or (), "records": records, "refused": refused})
+
+
+def _send(out: int, message: dict[str, object]) -> None:
+    data = (json.dumps(message) + "\n").encode("utf-8")
+    while data:
+        data = data[os.write(out, data) :]
+
+
+class _ForkedPrefetch:
+    """One CSV file hashed, then checked, by a child process forked for it.
+
+    Forked only while this process has no other thread (``dpone run`` at start-up), so
+    the child is a plain copy of a single-threaded interpreter. It ends with ``_exit``:
+    no atexit handler, no buffered output of the parent runs twice.
+    """
+
+    def __init__(self, path: Path, delimiter: str) -> None:
+        self.path = path
+        self.delimiter = delimiter
+        self.key: StatKey | None = None
+        self.identity: str | None = None
+        self.settled = False
+        self._buffer = b""
+        # Imported here, not in the child: a child never waits on an import lock.
+        from dpone.adapters.sources import _csvcheck  # noqa: F401
+
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                os.close(read)
+                # Not the parent's stdin, stdout and stderr: whoever reads those to their
+                # end waits for the parent alone.
+                quiet = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(quiet, fd)
+                _child_hash_and_check(path, delimiter, write)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        self._pid: int | None = pid
+        self._fd: int | None = read
+
+    def _line(self, timeout: float | None) -> dict[str, object] | None:
+        """The child's next message; None when it ended without one or is not done in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._fd is not None and b"\n" not in self._buffer:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                    return None
+            data = os.read(self._fd, 1 << 16)
+            if not data:
+                self._finish()
+                break
+            self._buffer += data
+        line, found, self._buffer = self._buffer.partition(b"\n")
+        if not found:
+            return None
+        message = json.loads(line)
+        return message if isinstance(message, dict) else None
+
+    def _finish(self, *, kill: bool = False) -> None:
+        """Close the pipe and reap the child (ending it first with ``kill``)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._pid is not None:
+            if kill:
+                import signal  # only here: a run that kills no child never loads it
+
+                try:
+                    os.kill(self._pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os.waitpid(self._pid, 0)
+            self._pid = None
+
+    def result(self) -> str | None:
+        """The digest, if the file still is exactly what was hashed; else None."""
+        try:
+            message = self._line(timeout=None)
+        except (OSError, ValueError):
+            message = None
+        if message is None:
+            self._finish(kill=True)
+            return None
+        raw_key, identity = message.get("key"), message.get("identity")
+        if not (
+            isinstance(raw_key, list)
+            and len(raw_key) == 5
+            and all(isinstance(v, int) for v in raw_key)
+            and isinstance(identity, str)
+        ):
+            self._finish(kill=True)
+            return None
+        key: StatKey = (raw_key[0], raw_key[1], raw_key[2], raw_key[3], raw_key[4])
+        try:
+            unchanged = _stat_key(self.path) == key
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            self._finish(kill=True)
+            return None
+        self.key, self.identity = key, identity
+        if message.get("settled") is True:
+            vouch(self.path, key, identity)
+            with _LOCK:
+                _PREFETCHED_CHECKS[str(self.path)] = self
+        else:
+            self._finish(kill=True)  # a racy file: its check could not be relied on
+        return self.identity
+
+    def collect_check(self) -> None:
+        """Record the child's check (``checked_ahead``), waiting a little for it at most."""
+        try:
+            message = self._line(timeout=_CHECK_WAIT_S)
+        except (OSError, ValueError):
+            message = None
+        self._finish(kill=message is None)
+        if message is None or self.key is None:
+            return
+        header, records, refused = (message.get(k) for k in ("header", "records", "refused"))
+        if not (
+            isinstance(header, list)
+            and all(isinstance(n, str) for n in header)
+            and isinstance(records, int)
+            and (refused is None or isinstance(refused, str))
+        ):
+            return
+        found = CheckedAhead(header=tuple(header), records=records, refused=refused)
+        with _LOCK:
+            _CHECKED[str(self.path)] = (self.key, self.delimiter, True, found)
+
+
 #: Prefetched identities by resolved path; each is taken at most once.
-_PREFETCHED: dict[str, _Prefetch] = {}
+_PREFETCHED: dict[str, _Prefetch | _ForkedPrefetch] = {}
+#: Forked prefetches whose check is still to be collected, by resolved path.
+_PREFETCHED_CHECKS: dict[str, _ForkedPrefetch] = {}
 _LOCK = threading.Lock()
 
 
-def prefetch_identity(path: Path) -> None:
-    """Start hashing ``path`` in a background thread, for a later ``file_identity``.
+def prefetch_identity(path: Path, *, check_csv: str | None = None) -> None:
+    """Start hashing ``path`` beside start-up, for a later ``file_identity``.
 
-    It changes no result (see the module docstring); an error is left to the real call.
+    With ``check_csv`` (the file's delimiter), on Linux and while this process has no
+    other thread, a forked child hashes the file and then runs the CSV checks with
+    ``crlf`` for a target that reads the file itself (``checked_ahead``); otherwise a
+    thread hashes it. It changes no result (see the module docstring); an error is left
+    to the real call.
     """
     key = str(path.resolve())
     with _LOCK:
-        if key not in _PREFETCHED:
-            _PREFETCHED[key] = _Prefetch(Path(key))
+        if key in _PREFETCHED:
+            return
+        if check_csv is not None and _may_fork():
+            try:
+                _PREFETCHED[key] = _ForkedPrefetch(Path(key), check_csv)
+                return
+            except OSError:
+                pass  # no process to spare: a thread hashes it
+        _PREFETCHED[key] = _Prefetch(Path(key))
+
+
+def _may_fork() -> bool:
+    """Forking copies only the calling thread: safe while it is the only one (Linux)."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
 def take_prefetched(path: Path) -> str | None:
