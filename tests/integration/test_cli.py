@@ -456,3 +456,16 @@ def test_looking_after_a_clean_run_creates_no_wal_files(tmp_path: Path) -> None:
     ):
         assert run_dpone(args, cwd=tmp_path).returncode == 0
     assert _tree(tmp_path) == before
+
+
+def test_dpone_version_and_the_version_option_print_the_same_version(tmp_path: Path) -> None:
+    import dpone
+
+    for args in (("version",), ("--version",)):
+        proc = run_dpone(args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == dpone.__version__
+    listed = run_dpone(("--help",), cwd=tmp_path)
+    assert listed.returncode == 0
+    assert "--version" in listed.stdout
+    assert "run" in listed.stdout  # the commands are listed as before

@@ -87,6 +87,29 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(publication_app, name="publication")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import dpone
+
+        out.print(dpone.__version__)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the dpone version and exit (as `dpone version`).",
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 # ------------------------------------------------------------------ error boundary
 def _fail(exc: DponeError, *, as_json: bool) -> NoReturn:
     raise typer.Exit(print_error(exc, as_json=as_json))
