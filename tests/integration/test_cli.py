@@ -469,3 +469,66 @@ def test_dpone_version_and_the_version_option_print_the_same_version(tmp_path: P
     assert listed.returncode == 0
     assert "--version" in listed.stdout
     assert "run" in listed.stdout  # the commands are listed as before
+
+
+def _nothing_written(root: Path) -> bool:
+    return sorted(p.name for p in root.iterdir()) == ["orders.csv", "w.yaml"]
+
+
+def test_check_validates_a_workload_without_touching_anything(tmp_path: Path) -> None:
+    write(tmp_path, GOOD)
+    proc = run_dpone(("check", "w.yaml"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        "valid: workload orders (release 2026.11.0, deployment dev): "
+        "csv -> sqlite table orders, append"
+    )
+    as_json = run_dpone(("check", "w.yaml", "--json"), cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    summary = json.loads(as_json.stdout)
+    assert summary["valid"] is True
+    assert (summary["source"], summary["target"], summary["table"]) == ("csv", "sqlite", "orders")
+    assert "warehouse.db" not in as_json.stdout + proc.stdout  # no URL is printed
+    assert _nothing_written(tmp_path)  # no journal, no target, no .dpone
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        ("load.strategy", "upsert", "load.strategy"),
+        ("release", _DELETE, "release"),
+        ("source.kind", "xml", "source"),
+    ],
+)
+def test_check_reports_a_config_mistake_as_run_does(
+    tmp_path: Path, path: str, value: object, named: str
+) -> None:
+    write(tmp_path, with_(path, value))
+    checked = run_dpone(("check", "w.yaml"), cwd=tmp_path)
+    ran = run_dpone(RUN, cwd=tmp_path)
+    assert checked.returncode == ran.returncode == 2
+    assert "DPONE_CONFIG_INVALID" in checked.stderr
+    assert named in checked.stderr
+    assert checked.stderr == ran.stderr  # the same error, word for word
+    assert "Traceback" not in checked.stderr + checked.stdout
+    assert _nothing_written(tmp_path)
+
+
+def test_check_requires_the_environment_variables_the_workload_names(tmp_path: Path) -> None:
+    data = with_("target.url", _DELETE)
+    data["target"]["url_env"] = "DPONE_TEST_TARGET_URL"  # type: ignore[index]
+    data["journal"] = None
+    data["journal_env"] = "DPONE_TEST_JOURNAL_URL"
+    write(tmp_path, data)
+    missing = run_dpone(("check", "w.yaml"), cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "DPONE_TEST_JOURNAL_URL" in missing.stderr
+    env = {"DPONE_TEST_JOURNAL_URL": "sqlite:///journal.db"}
+    no_target = run_dpone(("check", "w.yaml"), cwd=tmp_path, env=env)
+    assert no_target.returncode == 2
+    assert "DPONE_TEST_TARGET_URL" in no_target.stderr
+    env["DPONE_TEST_TARGET_URL"] = "sqlite:///warehouse.db"
+    ok = run_dpone(("check", "w.yaml", "--json"), cwd=tmp_path, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "sqlite:///" not in ok.stdout
+    assert _nothing_written(tmp_path)

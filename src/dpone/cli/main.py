@@ -234,6 +234,53 @@ def _deliver(
     raise typer.Exit(print_result(result, as_json=as_json))
 
 
+# ------------------------------------------------------------------ check
+@app.command()
+def check(
+    workload: Annotated[Path, typer.Argument(help="Workload YAML file.", metavar="WORKLOAD")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Validate WORKLOAD without running it: nothing is connected to, read or written.
+
+    The file is checked as `dpone run` checks it, and every environment variable it
+    names (journal_env, url_env) must be set. Exit 0 when it is valid; otherwise the
+    DPONE_* error says what is wrong and how to fix it. No URL is printed.
+    """
+    from dpone.config.workload import load_workload
+
+    with _boundary(as_json):
+        spec = load_workload(workload)
+        spec.journal_url()
+        if hasattr(spec.source, "url_env"):
+            spec.source_url()
+        if hasattr(spec.target, "url_env"):
+            spec.target_url()
+    table = getattr(spec.target, "table", None)
+    summary: dict[str, object] = {
+        "valid": True,
+        "workload": spec.workload,
+        "release": spec.release,
+        "deployment": spec.deployment,
+        "source": spec.source.kind,
+        "target": spec.target.kind,
+        "table": table,
+        "strategy": spec.load.strategy.value,
+        "publication": spec.publication is not None,
+        "require_certified": spec.require_certified,
+    }
+    if as_json:
+        _emit_json(summary)
+        return
+    into = f" table {table}" if table else ""
+    out.print(
+        f"valid: workload {spec.workload} (release {spec.release}, deployment "
+        f"{spec.deployment}): {spec.source.kind} -> {spec.target.kind}{into}, "
+        f"{spec.load.strategy.value}" + (", publication" if spec.publication else ""),
+        markup=False,
+        highlight=False,
+    )
+
+
 # ------------------------------------------------------------------ journal
 def _open_journal(workload: Path | None, journal: str | None, *, read_only: bool = True) -> Any:
     from dpone.config.bootstrap import open_journal
