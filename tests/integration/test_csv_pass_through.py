@@ -540,6 +540,7 @@ def checked_ahead(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
     monkeypatch.setattr(_prefetch, "_CHECKED", {})
     # threads other tests left running: the child runs only what was imported before
     monkeypatch.setattr(_prefetch, "_may_fork", lambda: True)
+    monkeypatch.setattr(_prefetch, "_CHECK_WAIT_S", 30.0)  # a busy machine is no failure
 
     def check(path: Path) -> None:
         _prefetch.prefetch_identity(path, check_csv=",")
@@ -641,6 +642,11 @@ def test_duckdb_reads_beside_the_scan_a_file_written_after_its_check_ahead(
     rows = "".join(f"{n},n{n},{n},y\n" for n in range(1, 80_001))
     path = _write(tmp_path / "a.csv", "id,name,amount,note\n" + rows)
     checked_ahead(path)
+    pending = _prefetch._PREFETCHED[str(path.resolve())]
+    assert isinstance(pending, _prefetch._ForkedPrefetch)
+    assert pending._pid is not None
+    os.waitpid(pending._pid, 0)  # the child hashed and checked the first bytes
+    pending._pid = None
     time.sleep(0.01)
     path.write_bytes(path.read_bytes()[:-2] + b"z\n")
     reads: list[bool] = []

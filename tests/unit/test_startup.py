@@ -5,14 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dpone.adapters.sources import _prefetch
+from dpone.adapters.sources import _csvcheck, _prefetch
 from dpone.adapters.sources._common import file_identity
 from dpone.adapters.sources._passthrough import CsvFileBytes
 from dpone.cli import _early
@@ -29,7 +31,7 @@ def sha(path: Path) -> str:
 
 
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
+def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
     monkeypatch.setattr(_prefetch, "_PREFETCHED_CHECKS", {})
     monkeypatch.setattr(_prefetch, "_VOUCHED", {})
@@ -38,6 +40,10 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
     # other tests may leave threads running in this process; the child forked here runs
     # only what ``_prefetch`` imported before forking, so it cannot wait on their locks
     monkeypatch.setattr(_prefetch, "_may_fork", lambda: True)
+    # a check a test expects to be used must not be given up on a busy machine
+    monkeypatch.setattr(_prefetch, "_CHECK_WAIT_S", 30.0)
+    yield
+    _prefetch._end_children()  # no zombie, no open pipe left behind
 
 
 def state_of(path: Path) -> _prefetch.StatKey:
@@ -111,6 +117,26 @@ def test_the_check_ahead_finds_what_the_checking_read_finds(
             list(raw.chunks(crlf=True, verified_after=True))
 
 
+def test_a_file_checked_ahead_is_refused_when_its_header_is_not_the_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    forked(data)
+    assert file_identity(data) == sha(data)
+    renamed = ("order_id", "customer", "amount", "ordered")
+    file = CsvFileBytes(data, delimiter=",", columns=renamed, expected_identity=sha(data))
+    with pytest.raises(RawCsvRefused, match="header names"):
+        file.records_checked_ahead(crlf=True)
+    forked(data)
+    assert file_identity(data) == sha(data)
+    file = CsvFileBytes(data, delimiter=",", columns=COLUMNS, expected_identity=sha(data))
+    assert file.records_checked_ahead(crlf=True) == 1000
+    assert file.records() == 1000
+    file.verify_unchanged()  # the stat the check ran on: nothing to hash again
+
+
 def test_no_check_ahead_holds_for_a_file_written_after_it(tmp_path: Path) -> None:
     data = tmp_path / "a.csv"
     write_orders_csv(data, 1000)
@@ -140,12 +166,17 @@ def test_a_racy_file_is_hashed_ahead_but_never_checked_ahead(tmp_path: Path) -> 
     assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
 
 
-def test_a_child_that_sends_nothing_leaves_the_hash_to_the_run(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.csv"
-    pending = forked(missing)
-    with pytest.raises(SourceInvalid, match="does not exist"):
-        file_identity(missing)
+def test_a_child_that_sends_nothing_leaves_the_hash_to_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    monkeypatch.setattr(_prefetch, "_child_hash_and_check", lambda *args: None)
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    pending = forked(data)
+    assert file_identity(data) == sha(data)  # hashed here
     assert pending._pid is None
+    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
 
 
 def test_the_check_ahead_waits_only_a_little_for_a_slow_child(
@@ -153,13 +184,94 @@ def test_the_check_ahead_waits_only_a_little_for_a_slow_child(
 ) -> None:
     """A child still checking when the target asks is ended; the target checks itself."""
     monkeypatch.setattr(_prefetch, "RACY_NS", 0)
-    monkeypatch.setattr(_prefetch, "_CHECK_WAIT_S", 0.0)
+    monkeypatch.setattr(_prefetch, "_CHECK_WAIT_S", 0.05)
+    check = _csvcheck.Checker.check
+
+    def slow_check(self: _csvcheck.Checker, chunk: bytes, *, final: bool) -> None:
+        time.sleep(60)  # in the child: it cannot be done in time
+        check(self, chunk, final=final)
+
+    monkeypatch.setattr(_csvcheck.Checker, "check", slow_check)
+    statuses: list[int] = []
+    waitpid = os.waitpid
+
+    def recorded(pid: int, options: int) -> tuple[int, int]:
+        done = waitpid(pid, options)
+        statuses.append(done[1])
+        return done
+
     data = tmp_path / "a.csv"
-    write_orders_csv(data, 200_000)  # some 8 MB: its check takes longer than no wait
+    write_orders_csv(data, 40_000)
     pending = forked(data)
     assert file_identity(data) == sha(data)
+    monkeypatch.setattr(_prefetch.os, "waitpid", recorded)
+    started = time.monotonic()
     assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert time.monotonic() - started < 5
     assert pending._pid is None
+    assert len(statuses) == 1
+    assert os.WIFSIGNALED(statuses[0])  # ended by the parent, not done on its own
+    assert os.WTERMSIG(statuses[0]) == signal.SIGKILL
+
+
+def test_a_child_reaped_by_the_kernel_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With SIGCHLD ignored (a supervisor's choice), waitpid finds no child: not an error."""
+    monkeypatch.setattr(_prefetch, "RACY_NS", 0)
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        data = tmp_path / "a.csv"
+        write_orders_csv(data, 1000)
+        forked(data)
+        assert file_identity(data) == sha(data)
+        ahead = _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True)
+        assert ahead is not None
+        assert ahead.records == 1000
+        racy = tmp_path / "b.csv"
+        write_orders_csv(racy, 1000)
+        monkeypatch.setattr(_prefetch, "RACY_NS", 10**18)  # racy: its child is ended
+        forked(racy)
+        assert file_identity(racy) == sha(racy)
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+def test_the_child_ends_when_its_parent_is_gone(tmp_path: Path) -> None:
+    """A `dpone run` killed mid-way leaves no child reading on."""
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 400_000)  # some 15 MB: seconds of reading at a crawl
+    probe = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from dpone.adapters.sources import _csvcheck, _prefetch\n"
+        "check = _csvcheck.Checker.check\n"
+        "def crawl(self, chunk, *, final):\n"
+        "    time.sleep(0.2)\n"
+        "    check(self, chunk, final=final)\n"
+        "_csvcheck.Checker.check = crawl\n"
+        "_prefetch.RACY_NS = 0\n"
+        "_prefetch.prefetch_identity(Path(sys.argv[1]), check_csv=',')\n"
+        "print(next(iter(_prefetch._LIVE))._pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", probe, str(data)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        time.sleep(0.5)
+        os.kill(child, 0)  # still checking
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists()
 
 
 def test_a_process_with_threads_hashes_in_a_thread(
@@ -170,6 +282,17 @@ def test_a_process_with_threads_hashes_in_a_thread(
     monkeypatch.setattr(_prefetch.threading, "active_count", lambda: 2)
     data = tmp_path / "a.csv"
     write_orders_csv(data, 1000)
+    _prefetch.prefetch_identity(data, check_csv=",")
+    assert isinstance(_prefetch._PREFETCHED[str(data.resolve())], _prefetch._Prefetch)
+    assert file_identity(data) == sha(data)
+
+
+def test_a_file_too_large_to_be_checked_in_time_is_hashed_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    monkeypatch.setattr(_prefetch, "CHECK_AHEAD_MAX_BYTES", data.stat().st_size - 1)
     _prefetch.prefetch_identity(data, check_csv=",")
     assert isinstance(_prefetch._PREFETCHED[str(data.resolve())], _prefetch._Prefetch)
     assert file_identity(data) == sha(data)
@@ -771,7 +894,9 @@ def test_dpone_run_into_duckdb_checks_a_settled_file_ahead_and_a_fresh_one_besid
             encoding="utf-8",
         )
     time.sleep(_prefetch.RACY_NS / 1e9 + 0.2)  # "settled" was written long enough ago
-    write_orders_csv(tmp_path / "fresh" / "orders.csv", 40_000)  # just written: racy
+    fresh = tmp_path / "fresh" / "orders.csv"
+    ahead_ns = time.time_ns() + 3600 * 10**9  # racy however long the first run takes
+    os.utime(fresh, ns=(ahead_ns, ahead_ns))
     for name, checking_reads in (("settled", 0), ("fresh", 1)):
         cwd = tmp_path / name
         result, reads = _dpone_run_counting_checking_reads(cwd / "w.yaml", cwd)

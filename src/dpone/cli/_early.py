@@ -3,8 +3,9 @@
 Importing the CLI, msgspec and the runtime holds the interpreter for about 0.15 s;
 hashing a large source file for its identity does not (``hashlib`` and file reads
 release the GIL). So before those imports, ``dpone run`` peeks at the workload file
-with a bare YAML read and, for a file source with a fixed path, starts hashing it in a
-background thread (:func:`dpone.adapters.sources._prefetch.prefetch_identity`). The real
+with a bare YAML read and, for a file source with a fixed path, starts hashing it beside
+the imports (:func:`dpone.adapters.sources._prefetch.prefetch_identity`: a background
+thread, or for a CSV file bound for DuckDB a forked child that also checks it). The real
 run validates the workload as always and asks for the identity as always; it gets the
 prefetched digest only if the file has not changed since. A workload this peek cannot
 read, or one whose path depends on the interval or partition, is left alone.
@@ -98,7 +99,7 @@ def prefetch_run_source(args: list[str]) -> None:
         path = Path(raw.strip()).expanduser()
         if not path.is_absolute():
             path = file.resolve().parent / path
-        if os.stat(path).st_size < _MIN_BYTES:
+        if os.stat(path).st_size <= _MIN_BYTES:  # read whole when it is loaded
             return
         from dpone.adapters.sources._prefetch import prefetch_identity
 

@@ -3,8 +3,9 @@
 ``dpone run WORKLOAD ...`` is most of what pipelines start, and on a bulk load its
 start-up is the fixed cost dpone adds to the load itself. So, in this order: the
 cyclic collector is off while dpone imports (``dpone.cli._run.fast_run`` freezes what
-was loaded and turns it back on), the source's identity hash starts in a thread
-(``dpone.cli._early``), and the run is parsed and executed without the CLI framework
+was loaded and turns it back on), the source's identity hash starts beside the imports
+(``dpone.cli._early``: a thread, or a forked child that also checks a CSV file bound for
+DuckDB), and the run is parsed and executed without the CLI framework
 (``dpone.cli._run``). Everything else, and anything the fast path does not read, goes
 to the typer app in ``dpone.cli.main``.
 

@@ -31,6 +31,7 @@ from dpone.adapters.sources._csvcheck import Checker, CsvRefused
 from dpone.adapters.sources._prefetch import (
     StatKey,
     checked_ahead,
+    end_check_ahead,
     settled,
     stat_key,
     vouched_identity,
@@ -135,8 +136,10 @@ class CsvFileBytes:
             with self._open() as handle:
                 state = stat_key(os.fstat(handle.fileno()))
         except OSError:
+            end_check_ahead(self._path)
             return None  # chunks() reports it
         if vouched_identity(self._path, state) != self._expected:
+            end_check_ahead(self._path)  # it checked other bytes: its child is ended
             return None
         ahead = checked_ahead(self._path, state, delimiter=self._delimiter, crlf=crlf)
         if ahead is None:

@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 __all__ = [
+    "CHECK_AHEAD_MAX_BYTES",
     "RACY_NS",
     "CheckedAhead",
     "StatKey",
     "checked_ahead",
+    "end_check_ahead",
     "hash_file",
     "prefetch_identity",
     "settled",
@@ -186,16 +188,32 @@ def checked_ahead(path: Path, key: StatKey, *, delimiter: str, crlf: bool) -> Ch
     return found[3]
 
 
-def _child_hash_and_check(path: Path, delimiter: str, out: int) -> None:
-    """In the forked child: send the identity line, then the check line (JSON each)."""
-    now = time.time_ns()
-    before = _stat_key(path)
-    identity = sha256_of_file(path)
-    if _stat_key(path) != before:
-        return
-    _send(out, {"key": before, "identity": identity, "settled": settled(before, now)})
+def _child_hash_and_check(path: Path, delimiter: str, out: int, parent: int) -> None:
+    """In the forked child: send the identity line, then the check line (JSON each).
+
+    The child stops as soon as its parent is gone (it checks between chunks), so a
+    ``dpone run`` killed mid-way leaves no process reading on for seconds.
+    """
     from dpone.adapters.sources._csvcheck import Checker, CsvRefused  # imported before fork
 
+    now = time.time_ns()
+    before = _stat_key(path)
+    digest = hashlib.sha256()
+    with path.open("rb", buffering=0) as handle:
+        while chunk := handle.read(_CHUNK):
+            if os.getppid() != parent:
+                return
+            digest.update(chunk)
+    if _stat_key(path) != before:
+        return
+    _send(
+        out,
+        {
+            "key": before,
+            "identity": "sha256:" + digest.hexdigest(),
+            "settled": settled(before, now),
+        },
+    )
     checker = Checker(delimiter.encode("ascii"), None, crlf=True)
     refused = None
     last = b""
@@ -203,6 +221,8 @@ def _child_hash_and_check(path: Path, delimiter: str, out: int) -> None:
         with path.open("rb", buffering=0) as handle:
             chunk = handle.read(_CHUNK)
             while chunk:
+                if os.getppid() != parent:
+                    return
                 following = handle.read(_CHUNK)
                 checker.check(chunk, final=not following)
                 last, chunk = chunk, following
@@ -220,12 +240,29 @@ def _send(out: int, message: dict[str, object]) -> None:
         data = data[os.write(out, data) :]
 
 
+def _quiet_child(keep: int) -> None:
+    """In the forked child: no stdio of the parent's, no descriptor but ``keep`` open.
+
+    Whoever reads the parent's output to its end, or holds a lock through a descriptor
+    the parent inherited (``flock``), waits for the parent alone.
+    """
+    quiet = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(quiet, fd)
+    highest = os.sysconf("SC_OPEN_MAX")
+    os.closerange(3, keep)
+    os.closerange(keep + 1, highest if highest > 0 else 1 << 16)
+
+
 class _ForkedPrefetch:
     """One CSV file hashed, then checked, by a child process forked for it.
 
-    Forked only while this process has no other thread (``dpone run`` at start-up), so
-    the child is a plain copy of a single-threaded interpreter. It ends with ``_exit``:
-    no atexit handler, no buffered output of the parent runs twice.
+    Forked only while this process runs no other thread (``_may_fork``), so the child
+    is a plain copy of a single-threaded interpreter that imports nothing. It ends with
+    ``_exit`` (no atexit handler, no buffered output of the parent runs twice), when its
+    parent is gone, or when the parent ends it (``_end_children`` at exit). Nothing the
+    parent asks of it raises: any failure means "no prefetch", and the run hashes and
+    checks the file itself, as without it.
     """
 
     def __init__(self, path: Path, delimiter: str) -> None:
@@ -233,37 +270,40 @@ class _ForkedPrefetch:
         self.delimiter = delimiter
         self.key: StatKey | None = None
         self.identity: str | None = None
-        self.settled = False
         self._buffer = b""
         # Imported here, not in the child: a child never waits on an import lock.
         from dpone.adapters.sources import _csvcheck  # noqa: F401
 
+        parent = os.getpid()
         read, write = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            raise
         if pid == 0:  # the child
             code = 1
             try:
-                os.close(read)
-                # Not the parent's stdin, stdout and stderr: whoever reads those to their
-                # end waits for the parent alone.
-                quiet = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(quiet, fd)
-                _child_hash_and_check(path, delimiter, write)
+                _quiet_child(write)
+                _child_hash_and_check(path, delimiter, write, parent)
                 code = 0
             finally:
                 os._exit(code)
         os.close(write)
         self._pid: int | None = pid
         self._fd: int | None = read
+        _LIVE.add(self)
 
     def _line(self, timeout: float | None) -> dict[str, object] | None:
         """The child's next message; None when it ended without one or is not done in time."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._fd is not None and b"\n" not in self._buffer:
             if deadline is not None:
+                poller = select.poll()
+                poller.register(self._fd, select.POLLIN)
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                if left <= 0 or not poller.poll(left * 1000):
                     return None
             data = os.read(self._fd, 1 << 16)
             if not data:
@@ -277,29 +317,38 @@ class _ForkedPrefetch:
         return message if isinstance(message, dict) else None
 
     def _finish(self, *, kill: bool = False) -> None:
-        """Close the pipe and reap the child (ending it first with ``kill``)."""
+        """Close the pipe and reap the child (ending it first with ``kill``). Never raises."""
         if self._fd is not None:
-            os.close(self._fd)
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
             self._fd = None
         if self._pid is not None:
-            if kill:
-                import signal  # only here: a run that kills no child never loads it
+            try:
+                if kill:
+                    import signal  # only here: a run that kills no child never loads it
 
-                try:
                     os.kill(self._pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            os.waitpid(self._pid, 0)
+                os.waitpid(self._pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass  # already gone; or reaped by the kernel (SIGCHLD ignored)
             self._pid = None
+        _LIVE.discard(self)
 
     def result(self) -> str | None:
         """The digest, if the file still is exactly what was hashed; else None."""
         try:
-            message = self._line(timeout=None)
-        except (OSError, ValueError):
-            message = None
-        if message is None:
+            identity = self._take_identity()
+        except Exception:  # noqa: BLE001 - no prefetch: the run hashes the file itself
+            identity = None
+        if identity is None or self.key is None:
             self._finish(kill=True)
+        return identity
+
+    def _take_identity(self) -> str | None:
+        message = self._line(timeout=None)
+        if message is None:
             return None
         raw_key, identity = message.get("key"), message.get("identity")
         if not (
@@ -308,30 +357,23 @@ class _ForkedPrefetch:
             and all(isinstance(v, int) for v in raw_key)
             and isinstance(identity, str)
         ):
-            self._finish(kill=True)
             return None
         key: StatKey = (raw_key[0], raw_key[1], raw_key[2], raw_key[3], raw_key[4])
-        try:
-            unchanged = _stat_key(self.path) == key
-        except OSError:
-            unchanged = False
-        if not unchanged:
-            self._finish(kill=True)
+        if _stat_key(self.path) != key:
             return None
-        self.key, self.identity = key, identity
+        self.identity = identity
         if message.get("settled") is True:
+            self.key = key  # only a settled file's check can be relied on
             vouch(self.path, key, identity)
             with _LOCK:
                 _PREFETCHED_CHECKS[str(self.path)] = self
-        else:
-            self._finish(kill=True)  # a racy file: its check could not be relied on
-        return self.identity
+        return identity
 
     def collect_check(self) -> None:
         """Record the child's check (``checked_ahead``), waiting a little for it at most."""
         try:
             message = self._line(timeout=_CHECK_WAIT_S)
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - no check ahead: the target checks as it reads
             message = None
         self._finish(kill=message is None)
         if message is None or self.key is None:
@@ -349,6 +391,22 @@ class _ForkedPrefetch:
             _CHECKED[str(self.path)] = (self.key, self.delimiter, True, found)
 
 
+#: Children still running or unreaped; ended when this process exits.
+_LIVE: set[_ForkedPrefetch] = set()
+
+
+def _end_children() -> None:
+    for pending in list(_LIVE):
+        pending._finish(kill=True)
+
+
+def end_check_ahead(path: Path) -> None:
+    """Drop the check still expected for ``path`` and end its child (it cannot be used)."""
+    pending = _PREFETCHED_CHECKS.pop(str(path.resolve()), None)
+    if pending is not None:
+        pending._finish(kill=True)
+
+
 #: Prefetched identities by resolved path; each is taken at most once.
 _PREFETCHED: dict[str, _Prefetch | _ForkedPrefetch] = {}
 #: Forked prefetches whose check is still to be collected, by resolved path.
@@ -359,28 +417,53 @@ _LOCK = threading.Lock()
 def prefetch_identity(path: Path, *, check_csv: str | None = None) -> None:
     """Start hashing ``path`` beside start-up, for a later ``file_identity``.
 
-    With ``check_csv`` (the file's delimiter), on Linux and while this process has no
-    other thread, a forked child hashes the file and then runs the CSV checks with
-    ``crlf`` for a target that reads the file itself (``checked_ahead``); otherwise a
-    thread hashes it. It changes no result (see the module docstring); an error is left
-    to the real call.
+    With ``check_csv`` (the file's delimiter), on Linux, for a file of at most
+    ``CHECK_AHEAD_MAX_BYTES`` and while this process runs no other thread, a forked
+    child hashes the file and then runs the CSV checks with ``crlf`` for a target that
+    reads the file itself (``checked_ahead``); otherwise a thread hashes it. It changes
+    no result (see the module docstring); an error is left to the real call.
     """
     key = str(path.resolve())
     with _LOCK:
         if key in _PREFETCHED:
             return
-        if check_csv is not None and _may_fork():
-            try:
-                _PREFETCHED[key] = _ForkedPrefetch(Path(key), check_csv)
-                return
-            except OSError:
-                pass  # no process to spare: a thread hashes it
-        _PREFETCHED[key] = _Prefetch(Path(key))
+    pending: _Prefetch | _ForkedPrefetch | None = None
+    if check_csv is not None and _may_fork():
+        try:
+            if os.stat(key).st_size <= CHECK_AHEAD_MAX_BYTES:
+                # not under _LOCK: a lock held at the fork would stay held in the child
+                pending = _ForkedPrefetch(Path(key), check_csv)
+                if len(_LIVE) == 1:
+                    import atexit
+
+                    atexit.register(_end_children)
+        except OSError:
+            pass  # no process to spare, or no file: a thread hashes it (or reports it)
+    with _LOCK:
+        if key not in _PREFETCHED:
+            _PREFETCHED[key] = pending if pending is not None else _Prefetch(Path(key))
+            return
+    if isinstance(pending, _ForkedPrefetch):  # another call was first
+        pending._finish(kill=True)
+
+
+#: Above this size the checks cannot end before the scan starts (they run at about
+#: 2 ns a byte, after the hash), so the target checks as it reads, as without a prefetch.
+CHECK_AHEAD_MAX_BYTES = 64 << 20
 
 
 def _may_fork() -> bool:
-    """Forking copies only the calling thread: safe while it is the only one (Linux)."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1
+    """Forking copies only the calling thread: safe while it is the only one (Linux).
+
+    Threads that Python does not know of (a native library's) count too: the kernel's
+    list of this process's tasks must hold this one alone.
+    """
+    if not sys.platform.startswith("linux") or threading.active_count() != 1:
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 def take_prefetched(path: Path) -> str | None:
