@@ -477,7 +477,10 @@ def _nothing_written(root: Path) -> bool:
 
 def test_check_validates_a_workload_without_touching_anything(tmp_path: Path) -> None:
     write(tmp_path, GOOD)
-    proc = run_dpone(("check", "w.yaml"), cwd=tmp_path)
+    cache = tmp_path.parent / f"{tmp_path.name}-cache"
+    cache.mkdir()
+    proc = run_dpone(("check", "w.yaml"), cwd=tmp_path, env={"DPONE_CACHE_DIR": str(cache)})
+    assert list(cache.iterdir()) == []  # not even the parse cache (ADR 0015)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (
         "valid: workload orders (release 2026.11.0, deployment dev): "
@@ -532,3 +535,13 @@ def test_check_requires_the_environment_variables_the_workload_names(tmp_path: P
     assert ok.returncode == 0, ok.stderr
     assert "sqlite:///" not in ok.stdout
     assert _nothing_written(tmp_path)
+
+
+def test_check_leaves_a_plugin_targets_options_to_the_plugin(tmp_path: Path) -> None:
+    """A plugin's option named url_env is the plugin's, not a URL dpone resolves."""
+    data = with_("target", {"kind": "example_append", "path": "out.db", "table": "t"})
+    data["target"]["url_env"] = "DPONE_TEST_UNSET_VARIABLE"  # type: ignore[index]
+    write(tmp_path, data)
+    proc = run_dpone(("check", "w.yaml"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "example_append" in proc.stdout

@@ -532,7 +532,7 @@ def test_duckdb_a_racy_file_is_hashed_again_even_when_its_stat_did_not_change(
 
 
 @pytest.fixture
-def checked_ahead(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
+def checked_ahead(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
     """Hash and check a settled file ahead, in a forked child, as ``dpone run`` does."""
     monkeypatch.setattr(_prefetch, "RACY_NS", 0)
     monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
@@ -546,7 +546,8 @@ def checked_ahead(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
         _prefetch.prefetch_identity(path, check_csv=",")
         assert isinstance(_prefetch._PREFETCHED[str(path.resolve())], _prefetch._ForkedPrefetch)
 
-    return check
+    yield check
+    _prefetch._end_children()  # a failed test leaves no child and no pipe behind
 
 
 def _no_checking_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -240,21 +240,20 @@ def check(
     workload: Annotated[Path, typer.Argument(help="Workload YAML file.", metavar="WORKLOAD")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Validate WORKLOAD without running it: nothing is connected to, read or written.
+    """Validate WORKLOAD's file without running it: nothing is connected to or written.
 
-    The file is checked as `dpone run` checks it, and every environment variable it
-    names (journal_env, url_env) must be set. Exit 0 when it is valid; otherwise the
+    Every field is checked as `dpone run` checks it when it reads the file, and the
+    environment variables it names for the journal's, the source's and the target's
+    URLs (journal_env, url_env) must be set. What only opening them can tell (a server
+    that cannot be reached, a driver that is not installed, a plugin's own options, a
+    credential) is left to `dpone run`. Exit 0 when the file is valid; otherwise the
     DPONE_* error says what is wrong and how to fix it. No URL is printed.
     """
     from dpone.config.workload import load_workload
 
     with _boundary(as_json):
-        spec = load_workload(workload)
-        spec.journal_url()
-        if hasattr(spec.source, "url_env"):
-            spec.source_url()
-        if hasattr(spec.target, "url_env"):
-            spec.target_url()
+        spec = load_workload(workload, remember=False)  # not even the parse cache
+        spec.check_environment()
     table = getattr(spec.target, "table", None)
     summary: dict[str, object] = {
         "valid": True,
@@ -272,10 +271,11 @@ def check(
         _emit_json(summary)
         return
     into = f" table {table}" if table else ""
+    published = ", published by partition" if spec.publication else ""
     out.print(
         f"valid: workload {spec.workload} (release {spec.release}, deployment "
         f"{spec.deployment}): {spec.source.kind} -> {spec.target.kind}{into}, "
-        f"{spec.load.strategy.value}" + (", publication" if spec.publication else ""),
+        f"{spec.load.strategy.value}{published}",
         markup=False,
         highlight=False,
     )

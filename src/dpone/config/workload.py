@@ -653,6 +653,21 @@ class Workload(_Model, kw_only=True, frozen=True):
             return value
         return env.get("DPONE_JOURNAL") or "sqlite:///.dpone/journal.db"
 
+    def check_environment(self, environ: dict[str, str] | None = None) -> None:
+        """Resolve every URL the file names through a variable; raise if one is unset.
+
+        The journal's, an SQL source's and a URL target's (``journal_env``, ``url_env``):
+        what ``dpone check`` can say about the environment without connecting anywhere.
+        """
+        self.journal_url(environ)
+        if isinstance(self.source, _SqlSourceConfig):
+            self.source_url(environ)
+        if isinstance(
+            self.target,
+            SqliteTargetConfig | PostgresTargetConfig | _UrlTargetConfig | RestTargetConfig,
+        ):
+            self.target_url(environ)
+
     def source_url(self, environ: dict[str, str] | None = None) -> str:
         """Return an SQL source's URL from ``url`` or the variable ``url_env`` names."""
         env = os.environ if environ is None else environ
@@ -1034,12 +1049,12 @@ def parse_workload(data: Any, *, base_dir: Path) -> Workload:
     )
 
 
-def load_workload(path: str | Path) -> Workload:
+def load_workload(path: str | Path, *, remember: bool = True) -> Workload:
     """Read and validate a workload file; every problem is a ``ConfigInvalid``.
 
     The parsed YAML of a file read before is taken from the workload cache
     (``dpone.config._parsed``, ADR 0015) without importing PyYAML; it is validated
-    like a fresh parse.
+    like a fresh parse. With ``remember`` False a fresh parse is not added to it.
     """
     from dpone.config import _parsed
 
@@ -1063,7 +1078,8 @@ def load_workload(path: str | Path) -> Workload:
         return parse_workload(data, base_dir=file.resolve().parent)
     data = _parse_yaml(file, text)
     workload = parse_workload(data, base_dir=file.resolve().parent)
-    _parsed.remember(raw, data)  # only a valid workload's document is kept
+    if remember:
+        _parsed.remember(raw, data)  # only a valid workload's document is kept
     return workload
 
 

@@ -240,18 +240,27 @@ def _send(out: int, message: dict[str, object]) -> None:
         data = data[os.write(out, data) :]
 
 
-def _quiet_child(keep: int) -> None:
+def _quiet_child(keep: int) -> int:
     """In the forked child: no stdio of the parent's, no descriptor but ``keep`` open.
 
     Whoever reads the parent's output to its end, or holds a lock through a descriptor
-    the parent inherited (``flock``), waits for the parent alone.
+    the parent inherited (``flock``), waits for the parent alone. Returns the descriptor
+    ``keep`` now has. The open descriptors are listed, not ranged over: a process may be
+    allowed a billion of them, and ``close_range`` is not everywhere.
     """
+    if keep < 3:  # started with stdio closed: the pipe took one of their numbers
+        keep = os.dup(keep)
     quiet = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(quiet, fd)
-    highest = os.sysconf("SC_OPEN_MAX")
-    os.closerange(3, keep)
-    os.closerange(keep + 1, highest if highest > 0 else 1 << 16)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, already closed
+    return keep
 
 
 class _ForkedPrefetch:
@@ -285,7 +294,7 @@ class _ForkedPrefetch:
         if pid == 0:  # the child
             code = 1
             try:
-                _quiet_child(write)
+                write = _quiet_child(write)
                 _child_hash_and_check(path, delimiter, write, parent)
                 code = 0
             finally:
@@ -293,6 +302,12 @@ class _ForkedPrefetch:
         os.close(write)
         self._pid: int | None = pid
         self._fd: int | None = read
+        # A descriptor for the child itself: a kill can never reach another process that
+        # reused the pid (a child the kernel reaped at once when SIGCHLD is ignored).
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
         _LIVE.add(self)
 
     def _line(self, timeout: float | None) -> dict[str, object] | None:
@@ -316,8 +331,12 @@ class _ForkedPrefetch:
         message = json.loads(line)
         return message if isinstance(message, dict) else None
 
-    def _finish(self, *, kill: bool = False) -> None:
-        """Close the pipe and reap the child (ending it first with ``kill``). Never raises."""
+    def _finish(self, *, kill: bool = False, wait: bool = True) -> None:
+        """Close the pipe and reap the child (ending it first with ``kill``). Never raises.
+
+        Without ``wait`` a child still running is left to init once it ends (at exit).
+        """
+        hung_up = self._hung_up()
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -326,15 +345,38 @@ class _ForkedPrefetch:
             self._fd = None
         if self._pid is not None:
             try:
-                if kill:
-                    import signal  # only here: a run that kills no child never loads it
-
-                    os.kill(self._pid, signal.SIGKILL)
-                os.waitpid(self._pid, 0)
-            except (ProcessLookupError, ChildProcessError):
+                if kill and not hung_up:
+                    self._kill()
+                os.waitpid(self._pid, 0 if wait else os.WNOHANG)
+            except OSError:
                 pass  # already gone; or reaped by the kernel (SIGCHLD ignored)
             self._pid = None
+        if self._pidfd is not None:
+            try:
+                os.close(self._pidfd)
+            except OSError:
+                pass
+            self._pidfd = None
         _LIVE.discard(self)
+
+    def _hung_up(self) -> bool:
+        """Whether the child closed its end of the pipe: it has exited (it held that end)."""
+        if self._fd is None:
+            return False
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        try:
+            return any(event & select.POLLHUP for _, event in poller.poll(0))
+        except OSError:
+            return False
+
+    def _kill(self) -> None:
+        import signal  # only here: a run that kills no child never loads it
+
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        elif self._pid is not None:
+            os.kill(self._pid, signal.SIGKILL)
 
     def result(self) -> str | None:
         """The digest, if the file still is exactly what was hashed; else None."""
@@ -396,8 +438,23 @@ _LIVE: set[_ForkedPrefetch] = set()
 
 
 def _end_children() -> None:
+    """At exit: end every child still running; one that does not end at once is init's."""
     for pending in list(_LIVE):
-        pending._finish(kill=True)
+        pending._finish(kill=True, wait=False)
+
+
+_exit_hook = False
+
+
+def _at_exit_end_children() -> None:
+    global _exit_hook  # noqa: PLW0603 - registered once per process
+    if not _exit_hook:
+        import atexit
+
+        atexit.register(_end_children)
+        # a process forked from this one (without exec) has no child of ours to end
+        os.register_at_fork(after_in_child=_LIVE.clear)
+        _exit_hook = True
 
 
 def end_check_ahead(path: Path) -> None:
@@ -433,10 +490,7 @@ def prefetch_identity(path: Path, *, check_csv: str | None = None) -> None:
             if os.stat(key).st_size <= CHECK_AHEAD_MAX_BYTES:
                 # not under _LOCK: a lock held at the fork would stay held in the child
                 pending = _ForkedPrefetch(Path(key), check_csv)
-                if len(_LIVE) == 1:
-                    import atexit
-
-                    atexit.register(_end_children)
+                _at_exit_end_children()
         except OSError:
             pass  # no process to spare, or no file: a thread hashes it (or reports it)
     with _LOCK:
