@@ -547,7 +547,7 @@ def checked_ahead(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], 
         assert isinstance(_prefetch._PREFETCHED[str(path.resolve())], _prefetch._ForkedPrefetch)
 
     yield check
-    _prefetch._end_children()  # a failed test leaves no child and no pipe behind
+    _prefetch._end_children(wait=True)  # a failed test leaves no child and no pipe behind
 
 
 def _no_checking_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,7 +43,7 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # a check a test expects to be used must not be given up on a busy machine
     monkeypatch.setattr(_prefetch, "_CHECK_WAIT_S", 30.0)
     yield
-    _prefetch._end_children()  # no zombie, no open pipe left behind
+    _prefetch._end_children(wait=True)  # no zombie, no open pipe left behind
 
 
 def state_of(path: Path) -> _prefetch.StatKey:
@@ -283,6 +283,32 @@ def test_the_child_ends_when_its_parent_is_gone(tmp_path: Path) -> None:
     while running() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running()
+
+
+def test_a_child_of_a_process_started_with_stdio_closed_still_sends(tmp_path: Path) -> None:
+    """The pipe then takes descriptors 0 and 1: the child moves its end above 2."""
+    data = tmp_path / "a.csv"
+    write_orders_csv(data, 1000)
+    report = tmp_path / "report"
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dpone.adapters.sources import _prefetch\n"
+        "from dpone.adapters.sources._common import file_identity\n"
+        "_prefetch.RACY_NS = 0\n"
+        "_prefetch.prefetch_identity(Path(sys.argv[1]), check_csv=',')\n"
+        "pending = next(iter(_prefetch._LIVE))\n"
+        "identity = file_identity(Path(sys.argv[1]))\n"
+        "Path(sys.argv[2]).write_text(f'{pending.key is not None} {identity}')\n"
+    )
+    closed = ["sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh"]  # runs "$@" with no stdio
+    done = subprocess.run(
+        [*closed, sys.executable, "-c", probe, str(data), str(report)],
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert report.read_text() == f"True {sha(data)}"  # the child's identity, taken
 
 
 def test_a_process_with_threads_hashes_in_a_thread(

@@ -571,6 +571,10 @@ else:
     SourceConfig = TargetConfig = StoreConfig = Any
 
 
+#: The targets whose location is a URL (``url`` or ``url_env``).
+_URL_TARGETS = (SqliteTargetConfig, PostgresTargetConfig, _UrlTargetConfig, RestTargetConfig)
+
+
 class Workload(_Model, kw_only=True, frozen=True):
     """A validated workload file. ``base_dir`` anchors relative paths and URLs."""
 
@@ -662,10 +666,7 @@ class Workload(_Model, kw_only=True, frozen=True):
         self.journal_url(environ)
         if isinstance(self.source, _SqlSourceConfig):
             self.source_url(environ)
-        if isinstance(
-            self.target,
-            SqliteTargetConfig | PostgresTargetConfig | _UrlTargetConfig | RestTargetConfig,
-        ):
+        if isinstance(self.target, _URL_TARGETS):
             self.target_url(environ)
 
     def source_url(self, environ: dict[str, str] | None = None) -> str:
@@ -680,10 +681,7 @@ class Workload(_Model, kw_only=True, frozen=True):
         """Return the target URL from ``url`` or the variable ``url_env`` names."""
         env = os.environ if environ is None else environ
         target = self.target
-        if not isinstance(
-            target,
-            SqliteTargetConfig | PostgresTargetConfig | _UrlTargetConfig | RestTargetConfig,
-        ):
+        if not isinstance(target, _URL_TARGETS):
             raise ConfigInvalid("this target has no URL", field="target")
         url = _url_of(target.url, target.url_env, env, "target", "the target's URL")
         if isinstance(target, RestTargetConfig) and target.url_env is not None:
@@ -1054,7 +1052,7 @@ def load_workload(path: str | Path, *, remember: bool = True) -> Workload:
 
     The parsed YAML of a file read before is taken from the workload cache
     (``dpone.config._parsed``, ADR 0015) without importing PyYAML; it is validated
-    like a fresh parse. With ``remember`` False a fresh parse is not added to it.
+    like a fresh parse. With ``remember`` False the cache is neither read nor written.
     """
     from dpone.config import _parsed
 
@@ -1073,7 +1071,8 @@ def load_workload(path: str | Path, *, remember: bool = True) -> Workload:
         raise ConfigInvalid(
             f"workload file {file} cannot be read ({type(exc).__name__})", field="workload"
         ) from None
-    data = _parsed.cached(raw)
+    # without ``remember`` the cache is not even read: a hit marks its entry used
+    data = _parsed.cached(raw) if remember else _parsed.MISS
     if data is not _parsed.MISS:
         return parse_workload(data, base_dir=file.resolve().parent)
     data = _parse_yaml(file, text)

@@ -248,8 +248,8 @@ def _quiet_child(keep: int) -> int:
     ``keep`` now has. The open descriptors are listed, not ranged over: a process may be
     allowed a billion of them, and ``close_range`` is not everywhere.
     """
-    if keep < 3:  # started with stdio closed: the pipe took one of their numbers
-        keep = os.dup(keep)
+    while keep < 3:  # started with stdio closed: the pipe took one of their numbers
+        keep = os.dup(keep)  # the lower copies are replaced by the dup2s below
     quiet = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(quiet, fd)
@@ -344,12 +344,12 @@ class _ForkedPrefetch:
                 pass
             self._fd = None
         if self._pid is not None:
+            if kill and not hung_up:
+                self._kill()
             try:
-                if kill and not hung_up:
-                    self._kill()
                 os.waitpid(self._pid, 0 if wait else os.WNOHANG)
             except OSError:
-                pass  # already gone; or reaped by the kernel (SIGCHLD ignored)
+                pass  # already reaped by the kernel (SIGCHLD ignored)
             self._pid = None
         if self._pidfd is not None:
             try:
@@ -371,12 +371,22 @@ class _ForkedPrefetch:
             return False
 
     def _kill(self) -> None:
+        """SIGKILL the child, which was seen alive (its end of the pipe open). Never raises."""
         import signal  # only here: a run that kills no child never loads it
 
         if self._pidfd is not None:
-            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-        elif self._pid is not None:
-            os.kill(self._pid, signal.SIGKILL)
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                return  # it has exited since
+            except OSError:
+                pass  # refused (a sandbox's rule): by pid, as without a pidfd
+        if self._pid is not None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def result(self) -> str | None:
         """The digest, if the file still is exactly what was hashed; else None."""
@@ -437,10 +447,17 @@ class _ForkedPrefetch:
 _LIVE: set[_ForkedPrefetch] = set()
 
 
-def _end_children() -> None:
-    """At exit: end every child still running; one that does not end at once is init's."""
+def _end_children(*, wait: bool = False) -> None:
+    """End every child still running; at exit one that does not end at once is init's."""
     for pending in list(_LIVE):
-        pending._finish(kill=True, wait=False)
+        pending._finish(kill=True, wait=wait)
+
+
+def _forget_children() -> None:
+    """In a process forked from this one (not a prefetch child): none of these are its."""
+    _LIVE.clear()
+    _PREFETCHED.clear()
+    _PREFETCHED_CHECKS.clear()
 
 
 _exit_hook = False
@@ -452,8 +469,9 @@ def _at_exit_end_children() -> None:
         import atexit
 
         atexit.register(_end_children)
-        # a process forked from this one (without exec) has no child of ours to end
-        os.register_at_fork(after_in_child=_LIVE.clear)
+        # a process forked from this one (without exec) has no child of ours to end,
+        # and no pipe of ours to read
+        os.register_at_fork(after_in_child=_forget_children)
         _exit_hook = True
 
 
