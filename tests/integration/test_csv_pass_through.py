@@ -456,6 +456,26 @@ def _load_changing_after_scan(
     return path
 
 
+def _overwrite_in_place(path: Path, last: bytes = b"z\n") -> None:
+    """Same size, same inode, other bytes: only the file's timestamps can tell."""
+    with path.open("r+b") as handle:
+        handle.seek(-2, 2)
+        handle.write(last)
+
+
+def _duckdb_refuses_as_changed(tmp_path: Path, path: Path, passed: list[int]) -> None:
+    """Pass ``path`` through DuckDB: "source changed", and nothing committed."""
+    db = tmp_path / "t.duckdb"
+    connector = DuckDbConnector(db, table="t")
+    try:
+        with pytest.raises(SourceInvalid, match="source changed"):
+            _mutate(connector, path, _plan("t"), raw=True)
+        _assert_nothing_committed(connector, db)
+    finally:
+        connector.close()
+    assert passed == []
+
+
 def _assert_nothing_committed(connector: DuckDbConnector, db: Path) -> None:
     assert connector.observe(operation_id=_started[-1]).status is FenceStatus.ABSENT
     connector.close()
@@ -477,21 +497,8 @@ def test_duckdb_a_file_written_after_the_scan_never_commits(
         CsvFileBytes, "_hash_again", lambda self: hashed_again.append(True) or rehash(self)
     )
 
-    def overwrite_in_place(path: Path) -> None:  # same size, same inode, new bytes
-        with path.open("r+b") as handle:
-            handle.seek(-2, 2)
-            handle.write(b"z\n")
-
-    path = _load_changing_after_scan(tmp_path, monkeypatch, overwrite_in_place)
-    db = tmp_path / "t.duckdb"
-    connector = DuckDbConnector(db, table="t")
-    try:
-        with pytest.raises(SourceInvalid, match="source changed"):
-            _mutate(connector, path, _plan("t"), raw=True)
-        _assert_nothing_committed(connector, db)
-    finally:
-        connector.close()
-    assert passed == []
+    path = _load_changing_after_scan(tmp_path, monkeypatch, _overwrite_in_place)
+    _duckdb_refuses_as_changed(tmp_path, path, passed)
     if settled:  # its new mtime and ctime gave the write away, without a re-hash
         assert hashed_again == []
 
@@ -513,21 +520,8 @@ def test_duckdb_a_racy_file_is_hashed_again_even_when_its_stat_did_not_change(
 
     monkeypatch.setattr(_passthrough, "stat_key", pinned)
 
-    def overwrite_in_place(path: Path) -> None:
-        with path.open("r+b") as handle:
-            handle.seek(-2, 2)
-            handle.write(b"z\n")
-
-    path = _load_changing_after_scan(tmp_path, monkeypatch, overwrite_in_place)
-    db = tmp_path / "t.duckdb"
-    connector = DuckDbConnector(db, table="t")
-    try:
-        with pytest.raises(SourceInvalid, match="source changed"):
-            _mutate(connector, path, _plan("t"), raw=True)
-        _assert_nothing_committed(connector, db)
-    finally:
-        connector.close()
-    assert passed == []
+    path = _load_changing_after_scan(tmp_path, monkeypatch, _overwrite_in_place)
+    _duckdb_refuses_as_changed(tmp_path, path, passed)
     assert len(set(seen)) > 1  # the file's real stat did change; the pinned one did not
 
 
@@ -537,7 +531,6 @@ def checked_ahead(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], 
     monkeypatch.setattr(_prefetch, "RACY_NS", 0)
     monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
     monkeypatch.setattr(_prefetch, "_PREFETCHED_CHECKS", {})
-    monkeypatch.setattr(_prefetch, "_CHECKED", {})
     # threads other tests left running: the child runs only what was imported before
     monkeypatch.setattr(_prefetch, "_may_fork", lambda: True)
     monkeypatch.setattr(_prefetch, "_CHECK_WAIT_S", 30.0)  # a busy machine is no failure
@@ -614,23 +607,10 @@ def test_duckdb_a_file_checked_ahead_and_written_after_the_scan_never_commits(
     monkeypatch: pytest.MonkeyPatch,
     checked_ahead: Callable[[Path], None],
 ) -> None:
-    def overwrite_in_place(path: Path) -> None:  # same size, same inode, new bytes
-        with path.open("r+b") as handle:
-            handle.seek(-2, 2)
-            handle.write(b"z\n")
-
-    path = _load_changing_after_scan(tmp_path, monkeypatch, overwrite_in_place, rows=80_000)
+    path = _load_changing_after_scan(tmp_path, monkeypatch, _overwrite_in_place, rows=80_000)
     checked_ahead(path)
     _no_checking_read(monkeypatch)
-    db = tmp_path / "t.duckdb"
-    connector = DuckDbConnector(db, table="t")
-    try:
-        with pytest.raises(SourceInvalid, match="source changed"):
-            _mutate(connector, path, _plan("t"), raw=True)
-        _assert_nothing_committed(connector, db)
-    finally:
-        connector.close()
-    assert passed == []
+    _duckdb_refuses_as_changed(tmp_path, path, passed)
 
 
 def test_duckdb_reads_beside_the_scan_a_file_written_after_its_check_ahead(
@@ -692,9 +672,7 @@ def test_duckdb_a_file_changed_after_its_identity_never_commits(
     # offering the file vouches for the identity of a settled read, by its stat then
     assert source.raw_csv(identity) is not None
     assert (_prefetch._VOUCHED != {}) is settled
-    with path.open("r+b") as handle:  # same size, same inode, other bytes
-        handle.seek(-2, 2)
-        handle.write(b"B\n")
+    _overwrite_in_place(path, b"B\n")
     connector = DuckDbConnector(tmp_path / "t.duckdb", table="t")
     try:
         with pytest.raises(SourceInvalid, match="source changed"):
@@ -785,9 +763,7 @@ def test_pg_a_file_overwritten_in_place_while_it_streams_never_commits(
         if next(calls) == 0:  # after the first chunk was read (and the second)
             # a settled file's next write is stamped in a later clock tick than its last
             time.sleep(0.05)
-            with path.open("r+b") as handle:
-                handle.seek(-2, 2)
-                handle.write(b"Z\n")
+            _overwrite_in_place(path, b"Z\n")
 
     monkeypatch.setattr(_passthrough.Checker, "check", check_then_overwrite)
     connector = _pg_connector(pg, "t")
@@ -821,9 +797,7 @@ def test_pg_a_file_changed_after_its_vouched_identity_never_commits(
     # offering the file vouches for the identity of a settled read, by its stat then
     assert source.raw_csv(identity) is not None
     assert _prefetch._VOUCHED != {}
-    with path.open("r+b") as handle:  # same size, same inode, other bytes
-        handle.seek(-2, 2)
-        handle.write(b"B\n")
+    _overwrite_in_place(path, b"B\n")
     connector = _pg_connector(pg, "t")
     try:
         with pytest.raises(SourceInvalid, match="source changed"):

@@ -35,7 +35,6 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_prefetch, "_PREFETCHED", {})
     monkeypatch.setattr(_prefetch, "_PREFETCHED_CHECKS", {})
     monkeypatch.setattr(_prefetch, "_VOUCHED", {})
-    monkeypatch.setattr(_prefetch, "_CHECKED", {})
     monkeypatch.setattr(_early, "_started", False)
     # other tests may leave threads running in this process; the child forked here runs
     # only what ``_prefetch`` imported before forking, so it cannot wait on their locks
@@ -48,6 +47,15 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def state_of(path: Path) -> _prefetch.StatKey:
     return _prefetch.stat_key(path.stat())
+
+
+def checked(
+    path: Path, delimiter: str = ",", *, crlf: bool = True
+) -> _prefetch.CheckedAhead | None:
+    """The check made ahead of ``path`` as it is now, for its current bytes."""
+    return _prefetch.checked_ahead(
+        path, state_of(path), identity=sha(path), delimiter=delimiter, crlf=crlf
+    )
 
 
 def forked(path: Path, delimiter: str = ",") -> _prefetch._ForkedPrefetch:
@@ -69,20 +77,20 @@ def test_a_csv_file_for_a_scanning_target_is_hashed_and_checked_in_a_forked_chil
     assert child is not None
     assert child != os.getpid()
     assert file_identity(data) == sha(data)
-    ahead = _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True)
+    ahead = checked(data)
     assert ahead == _prefetch.CheckedAhead(
         header=("order_id", "customer", "amount", "ordered_at"), records=1000, refused=None
     )
     with pytest.raises(ChildProcessError):  # reaped: no zombie left behind
         os.waitpid(child, os.WNOHANG)
     # used once; and only for the stat, delimiter and line ends it was made with
-    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert checked(data) is None
     forked(data)
     assert file_identity(data) == sha(data)
-    assert _prefetch.checked_ahead(data, state_of(data), delimiter=";", crlf=True) is None
+    assert checked(data, ";", crlf=True) is None
     forked(data)
     assert file_identity(data) == sha(data)
-    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=False) is None
+    assert checked(data, ",", crlf=False) is None
 
 
 @pytest.mark.parametrize(
@@ -103,7 +111,7 @@ def test_the_check_ahead_finds_what_the_checking_read_finds(
     data.write_bytes(body.encode())
     forked(data)
     assert file_identity(data) == sha(data)
-    ahead = _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True)
+    ahead = checked(data)
     assert ahead is not None
     assert (ahead.header, ahead.refused) == (("a", "b"), refused)
     if refused is None:
@@ -150,7 +158,7 @@ def test_no_check_ahead_holds_for_a_file_written_after_it(tmp_path: Path) -> Non
     raw[-3:-1] = b"99" if raw[-3:-1] != b"99" else b"98"
     data.write_bytes(bytes(raw))
     assert state_of(data) != before
-    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert checked(data) is None
     assert pending._pid is None  # reaped all the same
     file = CsvFileBytes(data, delimiter=",", columns=COLUMNS, expected_identity=sha(data))
     assert file.records_checked_ahead(crlf=True) is None  # the target reads chunks()
@@ -166,7 +174,7 @@ def test_a_racy_file_is_hashed_ahead_but_never_checked_ahead(
     assert file_identity(data) == sha(data)
     assert pending._pid is None  # the child was ended once its hash was taken
     assert _prefetch._VOUCHED == {}
-    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert checked(data) is None
 
 
 def test_a_child_that_sends_nothing_leaves_the_hash_to_the_run(
@@ -179,7 +187,7 @@ def test_a_child_that_sends_nothing_leaves_the_hash_to_the_run(
     pending = forked(data)
     assert file_identity(data) == sha(data)  # hashed here
     assert pending._pid is None
-    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert checked(data) is None
 
 
 def test_the_check_ahead_waits_only_a_little_for_a_slow_child(
@@ -209,7 +217,7 @@ def test_the_check_ahead_waits_only_a_little_for_a_slow_child(
     assert file_identity(data) == sha(data)
     monkeypatch.setattr(_prefetch.os, "waitpid", recorded)
     started = time.monotonic()
-    assert _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True) is None
+    assert checked(data) is None
     assert time.monotonic() - started < 5
     assert pending._pid is None
     assert len(statuses) == 1
@@ -228,7 +236,7 @@ def test_a_child_reaped_by_the_kernel_changes_nothing(
         write_orders_csv(data, 1000)
         forked(data)
         assert file_identity(data) == sha(data)
-        ahead = _prefetch.checked_ahead(data, state_of(data), delimiter=",", crlf=True)
+        ahead = checked(data)
         assert ahead is not None
         assert ahead.records == 1000
         racy = tmp_path / "b.csv"
@@ -311,17 +319,21 @@ def test_a_child_of_a_process_started_with_stdio_closed_still_sends(tmp_path: Pa
     assert report.read_text() == f"True {sha(data)}"  # the child's identity, taken
 
 
+def assert_hashed_in_a_thread(data: Path) -> None:
+    """Asked to check ``data`` ahead, the prefetch forks no child: a thread hashes it."""
+    write_orders_csv(data, 1000)
+    _prefetch.prefetch_identity(data, check_csv=",")
+    assert isinstance(_prefetch._PREFETCHED[str(data.resolve())], _prefetch._Prefetch)
+    assert file_identity(data) == sha(data)
+
+
 def test_a_process_with_threads_hashes_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Forking copies only the calling thread: with others running, no child is forked."""
     monkeypatch.setattr(_prefetch, "_may_fork", REAL_MAY_FORK)
     monkeypatch.setattr(_prefetch.threading, "active_count", lambda: 2)
-    data = tmp_path / "a.csv"
-    write_orders_csv(data, 1000)
-    _prefetch.prefetch_identity(data, check_csv=",")
-    assert isinstance(_prefetch._PREFETCHED[str(data.resolve())], _prefetch._Prefetch)
-    assert file_identity(data) == sha(data)
+    assert_hashed_in_a_thread(tmp_path / "a.csv")
 
 
 def test_a_native_thread_python_does_not_know_of_prevents_the_fork(
@@ -335,22 +347,14 @@ def test_a_native_thread_python_does_not_know_of_prevents_the_fork(
         "listdir",
         lambda path: ["1", "2"] if str(path) == "/proc/self/task" else listdir(path),
     )
-    data = tmp_path / "a.csv"
-    write_orders_csv(data, 1000)
-    _prefetch.prefetch_identity(data, check_csv=",")
-    assert isinstance(_prefetch._PREFETCHED[str(data.resolve())], _prefetch._Prefetch)
-    assert file_identity(data) == sha(data)
+    assert_hashed_in_a_thread(tmp_path / "a.csv")
 
 
 def test_a_file_too_large_to_be_checked_in_time_is_hashed_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = tmp_path / "a.csv"
-    write_orders_csv(data, 1000)
-    monkeypatch.setattr(_prefetch, "CHECK_AHEAD_MAX_BYTES", data.stat().st_size - 1)
-    _prefetch.prefetch_identity(data, check_csv=",")
-    assert isinstance(_prefetch._PREFETCHED[str(data.resolve())], _prefetch._Prefetch)
-    assert file_identity(data) == sha(data)
+    monkeypatch.setattr(_prefetch, "CHECK_AHEAD_MAX_BYTES", 1000)  # a 1,000-row file is more
+    assert_hashed_in_a_thread(tmp_path / "a.csv")
 
 
 def test_dpone_run_checks_ahead_only_a_csv_file_for_duckdb(tmp_path: Path) -> None:
@@ -751,13 +755,18 @@ NOT_ON_THE_RUN_PATH = (
 )
 
 
-def _run_reporting_modules(wl: Path, cwd: Path) -> tuple[str, set[str]]:
-    """``dpone run`` of ``wl`` in a fresh process: its result line and its loaded modules."""
+def _probed_run(wl: Path, cwd: Path, *, before: str, at_exit: str) -> tuple[str, str]:
+    """``dpone run`` of ``wl`` in a fresh process: its result line and what ``at_exit`` printed.
+
+    ``before`` runs first (after ``import atexit, json, sys``); ``at_exit`` is an
+    expression printed by an atexit handler, which the run's exit still calls.
+    """
     probe = (
         "import atexit, json, sys\n"
         "sys.argv = ['dpone', *sys.argv[1:]]\n"
+        f"{before}"
+        f"atexit.register(lambda: print({at_exit}))\n"
         "from dpone.cli.entry import main\n"
-        "atexit.register(lambda: print(json.dumps(sorted(sys.modules))))\n"
         "main()\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
@@ -771,8 +780,14 @@ def _run_reporting_modules(wl: Path, cwd: Path) -> tuple[str, set[str]]:
         env=env,
     )
     assert done.returncode == 0, done.stderr
-    result, modules = done.stdout.splitlines()
+    result, printed = done.stdout.splitlines()
     assert result.startswith("COMPLETE ")
+    return result, printed
+
+
+def _run_reporting_modules(wl: Path, cwd: Path) -> tuple[str, set[str]]:
+    """``dpone run`` of ``wl`` in a fresh process: its result line and its loaded modules."""
+    result, modules = _probed_run(wl, cwd, before="", at_exit="json.dumps(sorted(sys.modules))")
     return result, set(json.loads(modules))
 
 
@@ -906,31 +921,15 @@ def test_a_finished_run_exits_at_once_with_atexit_handlers_output_and_code(
 
 def _dpone_run_counting_checking_reads(wl: Path, cwd: Path) -> tuple[str, int]:
     """``dpone run`` of ``wl`` in a fresh process: its result line and its checking reads."""
-    probe = (
-        "import atexit, sys\n"
-        "sys.argv = ['dpone', *sys.argv[1:]]\n"
+    count_reads = (
         "import dpone.adapters.sources._prefetch as prefetch\n"
         "prefetch._CHECK_WAIT_S = 30.0  # a busy machine is no failure\n"
         "import dpone.adapters.connectors.duckdb as connector\n"
         "made = []\n"
         "real = connector._FileCheck\n"
         "connector._FileCheck = lambda raw: made.append(1) or real(raw)\n"
-        "atexit.register(lambda: print(len(made)))\n"
-        "from dpone.cli.entry import main\n"
-        "main()\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPONE_")}
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "run", str(wl), "--interval", "2026-11-01/2026-11-02", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=cwd,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    result, reads = done.stdout.splitlines()
+    result, reads = _probed_run(wl, cwd, before=count_reads, at_exit="len(made)")
     return result, int(reads)
 
 

@@ -31,7 +31,6 @@ from dpone.adapters.sources._csvcheck import Checker, CsvRefused
 from dpone.adapters.sources._prefetch import (
     StatKey,
     checked_ahead,
-    end_check_ahead,
     settled,
     stat_key,
     vouched_identity,
@@ -132,17 +131,16 @@ class CsvFileBytes:
             RawCsvRefused: the check refused the file, or its header is not ``columns``.
         """
         now = time.time_ns()
+        state: StatKey | None
         try:
             with self._open() as handle:
                 state = stat_key(os.fstat(handle.fileno()))
         except OSError:
-            end_check_ahead(self._path)
-            return None  # chunks() reports it
-        if vouched_identity(self._path, state) != self._expected:
-            end_check_ahead(self._path)  # it checked other bytes: its child is ended
-            return None
-        ahead = checked_ahead(self._path, state, delimiter=self._delimiter, crlf=crlf)
-        if ahead is None:
+            state = None  # no check holds; chunks() reports it
+        ahead = checked_ahead(
+            self._path, state, identity=self._expected, delimiter=self._delimiter, crlf=crlf
+        )
+        if ahead is None or state is None:
             return None
         if ahead.refused is not None:
             raise RawCsvRefused(ahead.refused)

@@ -33,7 +33,6 @@ __all__ = [
     "CheckedAhead",
     "StatKey",
     "checked_ahead",
-    "end_check_ahead",
     "hash_file",
     "prefetch_identity",
     "settled",
@@ -166,26 +165,31 @@ class CheckedAhead(NamedTuple):
     refused: str | None  # why a target's parser could read the file differently
 
 
-#: Checks made ahead by resolved path: the stat (settled, before and after the check),
-#: the delimiter and ``crlf`` they ran with, and what they found.
-_CHECKED: dict[str, tuple[StatKey, str, bool, CheckedAhead]] = {}
 #: A forked check may still be running when the target asks: wait this long, no longer.
 _CHECK_WAIT_S = 0.05
 
 
-def checked_ahead(path: Path, key: StatKey, *, delimiter: str, crlf: bool) -> CheckedAhead | None:
+def checked_ahead(
+    path: Path, key: StatKey | None, *, identity: str, delimiter: str, crlf: bool
+) -> CheckedAhead | None:
     """The check made ahead of ``path`` while it had the settled stat ``key``, if any.
 
-    A file that still has that stat has the bytes checked. Each check is used once.
+    It holds only when ``key`` (the file's stat now; None when it cannot be read) is the
+    stat that vouched for ``identity`` and the check ran with ``delimiter`` and ``crlf``:
+    a file that still has that stat has the bytes checked. Each check is used once; one
+    that cannot be used has its child ended at once.
     """
-    resolved = str(path.resolve())
-    pending = _PREFETCHED_CHECKS.pop(resolved, None)
-    if pending is not None:
-        pending.collect_check()
-    found = _CHECKED.pop(resolved, None)
-    if found is None or found[:3] != (key, delimiter, crlf):
+    pending = _PREFETCHED_CHECKS.pop(str(path.resolve()), None)
+    if pending is None:
         return None
-    return found[3]
+    if (
+        key is None
+        or vouched_identity(path, key) != identity
+        or (pending.key, pending.delimiter, True) != (key, delimiter, crlf)
+    ):
+        pending._finish(kill=True)  # it checked other bytes, or as another target reads
+        return None
+    return pending.collect_check()
 
 
 def _child_hash_and_check(path: Path, delimiter: str, out: int, parent: int) -> None:
@@ -263,6 +267,15 @@ def _quiet_child(keep: int) -> int:
     return keep
 
 
+def _close(fd: int | None) -> None:
+    """Close ``fd`` if there is one; an error closing it changes nothing here."""
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 class _ForkedPrefetch:
     """One CSV file hashed, then checked, by a child process forked for it.
 
@@ -277,8 +290,7 @@ class _ForkedPrefetch:
     def __init__(self, path: Path, delimiter: str) -> None:
         self.path = path
         self.delimiter = delimiter
-        self.key: StatKey | None = None
-        self.identity: str | None = None
+        self.key: StatKey | None = None  # the settled stat the child hashed and checked
         self._buffer = b""
         # Imported here, not in the child: a child never waits on an import lock.
         from dpone.adapters.sources import _csvcheck  # noqa: F401
@@ -337,12 +349,8 @@ class _ForkedPrefetch:
         Without ``wait`` a child still running is left to init once it ends (at exit).
         """
         hung_up = self._hung_up()
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
+        _close(self._fd)
+        self._fd = None
         if self._pid is not None:
             if kill and not hung_up:
                 self._kill()
@@ -351,12 +359,8 @@ class _ForkedPrefetch:
             except OSError:
                 pass  # already reaped by the kernel (SIGCHLD ignored)
             self._pid = None
-        if self._pidfd is not None:
-            try:
-                os.close(self._pidfd)
-            except OSError:
-                pass
-            self._pidfd = None
+        _close(self._pidfd)
+        self._pidfd = None
         _LIVE.discard(self)
 
     def _hung_up(self) -> bool:
@@ -413,7 +417,6 @@ class _ForkedPrefetch:
         key: StatKey = (raw_key[0], raw_key[1], raw_key[2], raw_key[3], raw_key[4])
         if _stat_key(self.path) != key:
             return None
-        self.identity = identity
         if message.get("settled") is True:
             self.key = key  # only a settled file's check can be relied on
             vouch(self.path, key, identity)
@@ -421,15 +424,15 @@ class _ForkedPrefetch:
                 _PREFETCHED_CHECKS[str(self.path)] = self
         return identity
 
-    def collect_check(self) -> None:
-        """Record the child's check (``checked_ahead``), waiting a little for it at most."""
+    def collect_check(self) -> CheckedAhead | None:
+        """The child's check (the child ended and reaped), waiting a little for it at most."""
         try:
             message = self._line(timeout=_CHECK_WAIT_S)
         except Exception:  # noqa: BLE001 - no check ahead: the target checks as it reads
             message = None
         self._finish(kill=message is None)
-        if message is None or self.key is None:
-            return
+        if message is None:
+            return None
         header, records, refused = (message.get(k) for k in ("header", "records", "refused"))
         if not (
             isinstance(header, list)
@@ -437,10 +440,8 @@ class _ForkedPrefetch:
             and isinstance(records, int)
             and (refused is None or isinstance(refused, str))
         ):
-            return
-        found = CheckedAhead(header=tuple(header), records=records, refused=refused)
-        with _LOCK:
-            _CHECKED[str(self.path)] = (self.key, self.delimiter, True, found)
+            return None
+        return CheckedAhead(header=tuple(header), records=records, refused=refused)
 
 
 #: Children still running or unreaped; ended when this process exits.
@@ -473,13 +474,6 @@ def _at_exit_end_children() -> None:
         # and no pipe of ours to read
         os.register_at_fork(after_in_child=_forget_children)
         _exit_hook = True
-
-
-def end_check_ahead(path: Path) -> None:
-    """Drop the check still expected for ``path`` and end its child (it cannot be used)."""
-    pending = _PREFETCHED_CHECKS.pop(str(path.resolve()), None)
-    if pending is not None:
-        pending._finish(kill=True)
 
 
 #: Prefetched identities by resolved path; each is taken at most once.
