@@ -8,10 +8,45 @@ from typing import Protocol
 from dpone.contracts.fence import FenceCapability, FenceObservation, SealResult
 from dpone.contracts.load import LoadPlan, MutationReport
 
-__all__ = ["Rows", "TargetConnectorPort", "TargetProbePort", "WithinTransaction"]
+__all__ = [
+    "Collector",
+    "QueuedWithin",
+    "Rows",
+    "TargetConnectorPort",
+    "TargetProbePort",
+    "WithinTransaction",
+]
 
 Rows = Iterable[Sequence[Sequence[object]]]  # batches of rows, each row in plan column order
 WithinTransaction = Callable[[object], None]  # called with the open transaction before commit
+#: Called once the statements a ``QueuedWithin`` queued have their results: with the
+#: error the transaction's sync raised (it raises its own translation when one of its
+#: statements failed, else returns), or with None when every statement succeeded.
+Collector = Callable[[BaseException | None], None]
+
+
+class QueuedWithin:
+    """A ``within`` that a pipelining connector may send together with its own statements.
+
+    ``queue(txn)`` adds the statements to the open transaction without reading their
+    results and returns a ``Collector``. A connector that pipelines (the PostgreSQL
+    small path, ADR 0016) queues its own statements, then ``queue``, then COMMIT, and
+    reads everything at one sync: an error of a statement queued before ``queue`` is the
+    connector's own; any later error is first offered to the collector. Every other
+    connector simply calls it like any ``within``: it queues, then collects at once.
+    ``sync_first``: the connector reads its own statements' results before ``queue``
+    (a failpoint there must find them executed, holding their locks).
+    """
+
+    __slots__ = ("queue", "sync_first")
+
+    def __init__(self, queue: Callable[[object], Collector], *, sync_first: bool = False) -> None:
+        self.queue = queue
+        self.sync_first = sync_first
+
+    def __call__(self, txn: object) -> None:
+        """Run as a plain ``within``: queue the statements, then collect at once."""
+        self.queue(txn)(None)
 
 
 class TargetConnectorPort(Protocol):

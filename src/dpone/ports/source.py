@@ -8,7 +8,14 @@ from typing import Protocol
 
 from dpone.contracts.load import Column
 
-__all__ = ["RAW_CSV_DELIMITERS", "RawCsv", "RawCsvRefused", "SourcePort", "raw_csv_of"]
+__all__ = [
+    "RAW_CSV_DELIMITERS",
+    "RawCsv",
+    "RawCsvRefused",
+    "SourcePort",
+    "raw_csv_of",
+    "raw_csv_size_of",
+]
 
 # The field separators a raw CSV file may have: one ASCII byte every target's CSV
 # reader takes as a delimiter (and safe to spell inside a SQL string literal).
@@ -140,6 +147,25 @@ class RawCsv(Protocol):
     def loaded(self, rows: int) -> None:
         """Report the rows the target loaded from the file (counts and progress)."""
         ...
+
+
+def raw_csv_size_of(batches: object) -> int | None:
+    """The size in bytes of the raw CSV file a batch stream offers, or None (none offered).
+
+    A stream that knows it cheaply has a ``raw_csv_size()`` method (a CSV source that
+    read a small file whole); any other stream's offer is built and its file stat'ed.
+    """
+    known = getattr(batches, "raw_csv_size", None)
+    if callable(known):
+        size: int | None = known()
+        return size
+    raw = raw_csv_of(batches)
+    if raw is None:
+        return None
+    try:
+        return raw.path.stat().st_size
+    except OSError:
+        return None  # the read reports it, with the source's own message
 
 
 def raw_csv_of(batches: object) -> RawCsv | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 
@@ -35,7 +35,12 @@ from dpone.errors import (
     recovery_ref,
 )
 from dpone.ports.checkpoint import CheckpointStorePort, TransactionalCheckpointStorePort
-from dpone.ports.connector import TargetConnectorPort
+from dpone.ports.connector import (
+    Collector,
+    QueuedWithin,
+    TargetConnectorPort,
+    WithinTransaction,
+)
 from dpone.ports.journal import (
     CommitJournalPort,
     FoldingJournalPort,
@@ -106,6 +111,11 @@ class RunFold(msgspec.Struct, kw_only=True):
     decline: Callable[[], object]
     #: atomic mode: the run and the entry born COMPLETE in one statement (ADR 0011)
     create_complete: Callable[..., JournalEntry] | None = None
+    #: ``create_complete`` queued on a pipelining target: returns the statement's
+    #: collector instead of the entry (ADR 0016)
+    queue_complete: Callable[..., Callable[[BaseException | None], JournalEntry | None]] | None = (
+        None
+    )
     #: forward mode: create the entry COMMITTING together with the run RUNNING at
     #: attempt 1; returns ``(entry, run_recorded)`` (``FoldingLedgerPort``)
     create_committing: Callable[..., tuple[JournalEntry, bool]] | None = None
@@ -370,7 +380,7 @@ class CommitProtocol:
                 plan=spec.plan,
                 batches=self._rows(spec, tally),
                 content_digest=spec.source_identity,
-                within=_before_commit,
+                within=_before_commit(),
                 prepare=True,
             )
         except FencedOut:
@@ -794,6 +804,16 @@ class CommitProtocol:
             content_digest=spec.source_identity,
         )
 
+        def entry_fields() -> dict[str, Any]:
+            return {
+                "operation_id": spec.operation_id,
+                "intent_digest": spec.intent_digest,
+                "metadata": spec.metadata,
+                "actor": self._owner,
+                "result": self._result_fields(spec, fence, tally),
+                "evidence": {"mode": RunMode.ATOMIC.value},
+            }
+
         def within(txn: object) -> None:
             failpoints.hit("fence.mutate.before_commit")
             failpoints.hit("before:journal.create")
@@ -802,19 +822,18 @@ class CommitProtocol:
                 create = run_fold.create_complete  # the run and the entry: one statement
             elif run_fold is not None:
                 run_fold.write(txn)  # queued: the entry's INSERT below reads both results
-            written.append(
-                create(
-                    txn,
-                    operation_id=spec.operation_id,
-                    intent_digest=spec.intent_digest,
-                    metadata=spec.metadata,
-                    actor=self._owner,
-                    result=self._result_fields(spec, fence, tally),
-                    evidence={"mode": RunMode.ATOMIC.value},
-                )
-            )
+            written.append(create(txn, **entry_fields()))
             failpoints.hit("after:journal.create")
             failpoints.hit("before:COMPLETE")
+
+        # A journal that can queue the entry's INSERT lets a pipelining target send it
+        # with the rows, the fence and COMMIT at one sync (ADR 0016).
+        queue_create = getattr(journal, "queue_complete_within", None)
+        if run_fold is not None:
+            queue_create = run_fold.queue_complete  # None: the run is written apart
+        chosen: WithinTransaction = (
+            within if queue_create is None else _queued_create(queue_create, entry_fields, written)
+        )
 
         try:
             self._connector.check_plan(spec.plan)  # read-only: fail before any write
@@ -831,7 +850,7 @@ class CommitProtocol:
                 plan=spec.plan,
                 batches=self._rows(spec, tally),
                 content_digest=spec.source_identity,
-                within=within,
+                within=chosen,
                 prepare=True,
             )
         except (FencedOut, JournalConflict):
@@ -1141,8 +1160,61 @@ def _failure_evidence(primary: Exception) -> dict[str, object]:
     return {"error_code": primary.code.value, **(findings if isinstance(findings, dict) else {})}
 
 
-def _before_commit(_txn: object) -> None:
+def _queued_create(
+    create: Callable[..., Callable[[BaseException | None], JournalEntry | None]],
+    fields: Callable[[], dict[str, Any]],
+    written: list[JournalEntry],
+) -> QueuedWithin:
+    """The folded first attempt's ``within``, queued (ADR 0016).
+
+    The same failpoints fire around the entry's INSERT, which is only queued; its
+    collector keeps the entry the INSERT returned.
+    """
+
+    def queue(txn: object) -> Collector:
+        failpoints.hit("fence.mutate.before_commit")
+        failpoints.hit("before:journal.create")
+        pending = create(txn, **fields())
+        failpoints.hit("after:journal.create")
+        failpoints.hit("before:COMPLETE")
+
+        def collect(error: BaseException | None) -> None:
+            entry = pending(error)
+            if entry is not None:
+                written.append(entry)
+
+        return collect
+
+    return QueuedWithin(queue, sync_first=failpoints.armed(*_WITHIN_POINTS))
+
+
+def _collected(_error: BaseException | None) -> None:
+    """The collector of a ``within`` that queued nothing."""
+
+
+def _queue_before_commit(_txn: object) -> Collector:
     failpoints.hit("fence.mutate.before_commit")
+    return _collected
+
+
+#: the failpoints a folded first attempt's ``within`` fires
+_WITHIN_POINTS = (
+    "fence.mutate.before_commit",
+    "before:journal.create",
+    "after:journal.create",
+    "before:COMPLETE",
+)
+
+
+def _before_commit() -> QueuedWithin:
+    """Forward mode's ``within``: only the failpoint.
+
+    A pipelining target may then send its COMMIT with its statements at one sync (ADR
+    0016); with the failpoint armed it reads its statements' results first.
+    """
+    return QueuedWithin(
+        _queue_before_commit, sync_first=failpoints.armed("fence.mutate.before_commit")
+    )
 
 
 def _proof(observation: FenceObservation) -> dict[str, object]:

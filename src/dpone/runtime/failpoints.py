@@ -19,6 +19,7 @@ __all__ = [
     "DELIVERY_FAILPOINT_NAMES",
     "FAILPOINT_NAMES",
     "PUBLICATION_FAILPOINT_NAMES",
+    "armed",
     "configure",
     "hit",
 ]
@@ -117,6 +118,11 @@ def configure(spec: str | None) -> None:
         seconds = float(match.group(2) or 0.0)
         nth = int(match.group(3)) if match.group(3) else None
         _points[name.strip()] = _Point(kind, seconds, nth)
+
+
+def armed(*names: str) -> bool:
+    """True when any of ``names`` is configured (a caller may then stop where they fire)."""
+    return bool(_points) and any(name in _points for name in names)
 
 
 def hit(name: str) -> None:

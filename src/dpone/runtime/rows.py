@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dpone.contracts.identity import Interval
 from dpone.errors import SourceInvalid
-from dpone.ports.source import RawCsv, raw_csv_of
+from dpone.ports.source import RawCsv, raw_csv_of, raw_csv_size_of
 
 __all__ = ["RowTally", "counted", "within_interval"]
 
@@ -56,6 +56,12 @@ class Counted:
         self._tally.rows += rows
         if self._on_rows is not None:
             self._on_rows(rows)
+
+    def raw_csv_size(self) -> int | None:
+        """The size of the file ``raw_csv`` would offer (None: it offers none)."""
+        if self._iterator is not None:
+            return None
+        return raw_csv_size_of(self._batches)
 
     def raw_csv(self) -> RawCsv | None:
         """Return the source's raw CSV file, counting what is loaded from it, or None."""

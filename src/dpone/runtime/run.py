@@ -166,8 +166,13 @@ class RunService:
             both = getattr(folding, "complete_run_entry_writer", None)
             write: Callable[[object], None] = _unused_writer
             create_complete: Callable[..., JournalEntry] | None = None
+            queue_complete: Callable[..., Callable[..., JournalEntry | None]] | None = None
             if both is not None:
                 create_complete = both(start, owner=self._owner, provenance=request.provenance)
+                # ... and queued on a pipelining target, when it can (ADR 0016)
+                queued = getattr(folding, "queue_complete_run_entry_writer", None)
+                if queued is not None:
+                    queue_complete = queued(start, owner=self._owner, provenance=request.provenance)
             else:
                 write = folding.complete_run_writer(
                     start, owner=self._owner, provenance=request.provenance
@@ -178,6 +183,7 @@ class RunService:
             tr.fold = RunFold(
                 write=write,
                 create_complete=create_complete,
+                queue_complete=queue_complete,
                 decline=tr.ensure_run,
                 create_committing=lambda **entry: folding.create_committing_with_run(
                     start, provenance=request.provenance, **entry

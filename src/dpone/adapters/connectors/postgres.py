@@ -45,8 +45,8 @@ from dpone.errors import (
     TargetSchemaMismatch,
     TargetWriteFailed,
 )
-from dpone.ports.connector import Rows, WithinTransaction
-from dpone.ports.source import RawCsv, RawCsvRefused, raw_csv_of
+from dpone.ports.connector import QueuedWithin, Rows, WithinTransaction
+from dpone.ports.source import RawCsv, RawCsvRefused, raw_csv_of, raw_csv_size_of
 
 __all__ = ["FENCE_TABLE", "PostgresConnector"]
 
@@ -339,15 +339,11 @@ def _offers_large_file(batches: Rows) -> bool:
     Reading ahead for the small path takes rows from the stream, and a stream whose rows
     were taken no longer offers its file (``Counted.raw_csv``): a large file would then
     be parsed in Python instead of passing through COPY unparsed (ADR 0004). A file
-    over ``SMALL_FILE_BYTES`` goes straight to the COPY path; its size is one ``stat``.
+    over ``SMALL_FILE_BYTES`` goes straight to the COPY path; its size is known to a
+    source that read it whole, else one ``stat``.
     """
-    raw = raw_csv_of(batches)
-    if raw is None:
-        return False
-    try:
-        return raw.path.stat().st_size > SMALL_FILE_BYTES
-    except OSError:
-        return False  # the read reports it, with the source's own message
+    size = raw_csv_size_of(batches)
+    return size is not None and size > SMALL_FILE_BYTES
 
 
 def _take_small(batches: Rows, limit: int) -> tuple[list[Sequence[object]] | None, Rows]:
@@ -469,6 +465,7 @@ class _Statements(msgspec.Struct, frozen=True):
     seal: sql.Composed
     commit: sql.Composed
     prepare_committed: sql.Composed
+    insert_committed: sql.Composed
     commit_checked: sql.Composed
 
     @classmethod
@@ -540,6 +537,13 @@ class _Statements(msgspec.Struct, frozen=True):
                 "state = 'committed', row_count = EXCLUDED.row_count, "
                 "content_digest = EXCLUDED.content_digest, committed_at = EXCLUDED.committed_at "
                 "WHERE f.state = 'prepared' AND f.epoch <= EXCLUDED.epoch {returning}"
+            ).format(fence=fence, returning=returning),
+            # ... and for a first attempt, where no row is expected: any existing row is
+            # a unique violation that aborts the transaction (ADR 0016)
+            insert_committed=sql.SQL(
+                "INSERT INTO {fence} AS f (operation_id, intent_digest, epoch, state, "
+                "row_count, content_digest, committed_at) "
+                "VALUES (%s, %s, %s, 'committed', %s, %s, now()) {returning}"
             ).format(fence=fence, returning=returning),
             # ... and ``commit`` alone, with the checks mutate makes under the lock.
             commit_checked=sql.SQL(
@@ -731,6 +735,14 @@ _COMMIT = b"COMMIT"
 _INSERT_CACHE = 64  # entries per connector cache: rendered small statements, validated plans
 
 
+class _FenceRowExists(Exception):
+    """The first attempt's INSERT met an existing fence row; the transaction rolled back."""
+
+
+#: the epoch of a first attempt: no fence row exists for it yet (ADR 0016)
+_FIRST_EPOCH = 1
+
+
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
     """End a failed transaction; a connection that cannot is discarded by ``_session``."""
     try:
@@ -873,7 +885,7 @@ class PostgresConnector:
         # per connector): saves catalog round trips on every small operation. The write
         # itself still fails safely (rolled back) if the table changed since.
         self._verified: set[tuple[object, ...]] = set()
-        self._inserts: dict[tuple[_Plan, int, bool, bool], bytes] = {}
+        self._inserts: dict[tuple[_Plan, int, bool, bool, bool], bytes] = {}
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._lock = threading.RLock()  # re-entrant: within() may call back into observe
 
@@ -1237,6 +1249,23 @@ class PostgresConnector:
         if clear is not None:
             params.extend(clear[1])
         params.extend(_insert_params(rows, len(plan.columns), operation_id=operation_id))
+        if (
+            prepare
+            and epoch == _FIRST_EPOCH
+            and (within is None or isinstance(within, QueuedWithin))
+        ):
+            try:
+                return self._small_at_once(
+                    conn,
+                    self._small_statement(plan, count, prepare=prepare, clear=clear, fresh=True),
+                    params,
+                    operation_id=operation_id,
+                    content_digest=content_digest,
+                    count=count,
+                    within=within,
+                )
+            except _FenceRowExists:
+                pass  # rolled back, nothing written: judge that row as below
         statement = self._small_statement(plan, count, prepare=prepare, clear=clear)
         try:
             with conn.pipeline() as pipeline, conn.cursor() as cur:
@@ -1257,7 +1286,15 @@ class PostgresConnector:
                         current, operation_id=operation_id, intent_digest=intent_digest, epoch=epoch
                     )
                     _check_marked(0, operation_id=operation_id)  # never reached: refused
-                if within is not None:
+                if isinstance(within, QueuedWithin):
+                    collect = within.queue(conn)
+                    try:
+                        pipeline.sync()  # the statement was judged: an error here is within's
+                    except psycopg.Error as exc:
+                        collect(exc)
+                        raise
+                    collect(None)
+                elif within is not None:
                     within(conn)
                 _check_healthy(conn, operation_id=operation_id)
                 cur.execute(_COMMIT)  # sent and confirmed by the pipeline's closing sync
@@ -1268,6 +1305,84 @@ class PostgresConnector:
             row_count=count, content_digest=content_digest, committed=_observation(marked)
         )
 
+    def _small_at_once(
+        self,
+        conn: psycopg.Connection[Any],
+        statement: bytes,
+        params: list[object],
+        *,
+        operation_id: str,
+        content_digest: str,
+        count: int,
+        within: QueuedWithin | None,
+    ) -> MutationReport:
+        """A first attempt's small write: BEGIN, rows and fence, ``within``, COMMIT, one sync.
+
+        At epoch 1 no fence row is expected, so the statement INSERTs the row committed
+        with no ON CONFLICT (ADR 0016): any existing row (another executor's, or one
+        left by a prepare) is a unique violation that aborts the transaction, so the
+        COMMIT queued behind it can never commit a write the fence did not admit. That
+        case raises ``_FenceRowExists`` after the rollback, and ``_mutate_small`` judges
+        the row with the locking upsert as it always did. ``within`` only queues its
+        statements; an error is the statement's own when the statement has no result,
+        else it is offered to ``within``'s collector, else it is COMMIT's.
+        """
+        cur = conn.cursor()
+        ctl = conn.cursor()
+        collect = None
+        try:
+            try:
+                with conn.pipeline() as pipeline:
+                    ctl.execute(_BEGIN)
+                    try:
+                        cur.execute(statement, params)
+                    except UnicodeEncodeError:
+                        raise TargetWriteFailed(
+                            "a text value is not valid Unicode (a lone surrogate); "
+                            "nothing was written",
+                            operation_id=operation_id,
+                        ) from None
+                    if within is not None:
+                        if within.sync_first:
+                            pipeline.sync()  # an error here is the statement's own
+                        collect = within.queue(conn)
+                    ctl.execute(_COMMIT)
+                # the pipeline's closing sync sent all of it and read every result
+            except psycopg.Error as exc:
+                _rollback_quietly(conn)
+                if cur.pgresult is None:  # the statement itself failed
+                    if self._is_fence_row(exc):
+                        raise _FenceRowExists from exc
+                    raise
+                if collect is not None:
+                    collect(exc)  # raises its own error when one of its statements failed
+                raise  # COMMIT's
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+            if collect is not None:
+                collect(None)
+            marked: _FenceRow | None = cur.fetchone()
+            if marked is None or ctl.statusmessage != "COMMIT":  # never: refuse, never guess
+                raise TargetWriteFailed(
+                    "the target did not confirm the commit", operation_id=operation_id
+                )
+        finally:
+            cur.close()
+            ctl.close()
+        return MutationReport(
+            row_count=count, content_digest=content_digest, committed=_observation(marked)
+        )
+
+    def _is_fence_row(self, exc: psycopg.Error) -> bool:
+        """True for the unique violation of an existing row of this connector's fence."""
+        diag = exc.diag
+        return (
+            isinstance(exc, psycopg.errors.UniqueViolation)
+            and diag.table_name == FENCE_TABLE
+            and diag.schema_name == self._fence_schema
+        )
+
     def _small_statement(
         self,
         plan: _Plan,
@@ -1275,14 +1390,18 @@ class PostgresConnector:
         *,
         prepare: bool,
         clear: tuple[sql.Composed, tuple[object, ...]] | None,
+        fresh: bool = False,
     ) -> bytes:
         """The small path's statement, rendered once per connector and shape."""
-        key = (plan, rows, prepare, clear is not None)
+        key = (plan, rows, prepare, clear is not None, fresh)
         statement = self._inserts.get(key)
         if statement is None:
             if len(self._inserts) >= _INSERT_CACHE:
                 self._inserts.clear()
-            fence = self._sql.prepare_committed if prepare else self._sql.commit_checked
+            if fresh:
+                fence = self._sql.insert_committed
+            else:
+                fence = self._sql.prepare_committed if prepare else self._sql.commit_checked
             statement = _small_write(
                 plan, rows, fence=fence, clear=None if clear is None else clear[0]
             ).as_bytes(None)

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "PostgresCommitJournal"]
 
 _T = TypeVar("_T")
+#: A queued INSERT's collector (``QueuedWithin``): the entry, or None (not its error).
+PendingEntry = Callable[[BaseException | None], JournalEntry | None]
 _Conn = psycopg.Connection[tuple[Any, ...]]
 
 # Plain identifiers only: the schema is also quoted everywhere, so this is a second belt.
@@ -1346,6 +1348,36 @@ class PostgresCommitJournal:
             evidence=evidence,
         )
 
+    def queue_complete_within(
+        self,
+        txn: object,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> PendingEntry:
+        """``create_complete_within``, queued on a pipelining target (ADR 0016).
+
+        Sends the same INSERT (in pipeline mode: queues it) and returns its collector,
+        which the connector calls once the transaction's sync has the results; it
+        returns the entry, or raises ``JournalConflict`` / ``JournalUnavailable`` exactly
+        as ``create_complete_within`` would when this INSERT is what failed.
+        """
+        return self._queue_complete_within(
+            txn,
+            statement=self._sql.born_complete,
+            what="the journal entry",
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=result,
+            evidence=evidence,
+        )
+
     def _complete_within(
         self,
         txn: object,
@@ -1361,6 +1393,36 @@ class PostgresCommitJournal:
         evidence: Mapping[str, object] | None = None,
     ) -> JournalEntry:
         """Insert the entry born COMPLETE (and the run, given ``run_params``) in ``txn``."""
+        entry = self._queue_complete_within(
+            txn,
+            statement=statement,
+            what=what,
+            run_params=run_params,
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            result=result,
+            evidence=evidence,
+        )(None)
+        assert entry is not None  # noqa: S101 - collected without an error
+        return entry
+
+    def _queue_complete_within(
+        self,
+        txn: object,
+        *,
+        statement: str,
+        what: str,
+        run_params: Mapping[str, object] | None = None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> PendingEntry:
+        """``_complete_within`` queued: returns the INSERT's collector (ADR 0016)."""
         params = self._born_params(
             CommitState.COMPLETE,
             ttl=None,
@@ -1373,29 +1435,56 @@ class PostgresCommitJournal:
         )
         if run_params is not None:
             params.update(run_params)
-        return self._born_within(txn, statement, params, what)
+        return self._born_queued(txn, statement, params, what)
 
-    def _born_within(
+    def _born_queued(
         self, txn: object, statement: str, params: dict[str, Any], what: str
-    ) -> JournalEntry:
-        """Run the INSERT of an entry born COMPLETE in the target's open transaction."""
+    ) -> PendingEntry:
+        """Send (or, in pipeline mode, queue) the INSERT of an entry born COMPLETE.
+
+        Returns its collector (``QueuedWithin``, ADR 0016): called with None it reads the
+        entry the INSERT returned; called with the error the target's sync raised, it
+        raises this statement's own translation when the statement failed (it then has no
+        result) and returns None otherwise (the error is another statement's).
+        """
         if not isinstance(txn, psycopg.Connection):
             raise TypeError("txn must be the target's psycopg.Connection")
         self._check_txn(txn)
+        operation_id = params["operation_id"]
+
+        def failed(exc: psycopg.Error) -> DponeError:
+            if isinstance(exc, pg_errors.UniqueViolation):
+                return JournalConflict(
+                    f"{what} was created by another executor first; read it and decide again",
+                    operation_id=operation_id,
+                )
+            return self._translate(exc, "create the journal entry in the target transaction")
+
+        cur = txn.cursor(row_factory=tuple_row)
         try:
-            with txn.cursor(row_factory=tuple_row) as cur:
-                row = cur.execute(statement, params).fetchone()
-        except pg_errors.UniqueViolation as exc:
-            raise JournalConflict(
-                f"{what} was created by another executor first; read it and decide again",
-                operation_id=params["operation_id"],
-            ) from exc
+            cur.execute(statement, params)
         except psycopg.Error as exc:
-            raise self._translate(
-                exc, "create the journal entry in the target transaction"
-            ) from exc
-        assert row is not None  # noqa: S101 - INSERT ... RETURNING of one row
-        return _entry(row)
+            cur.close()
+            raise failed(exc) from exc
+
+        def collect(error: BaseException | None) -> JournalEntry | None:
+            try:
+                if error is not None:
+                    if cur.pgresult is not None:
+                        return None  # this INSERT succeeded: the error is not ours
+                    if isinstance(error, psycopg.Error):
+                        raise failed(error) from error
+                    raise error
+                try:
+                    row = cur.fetchone()
+                except psycopg.Error as exc:
+                    raise failed(exc) from exc
+                assert row is not None  # noqa: S101 - INSERT ... RETURNING of one row
+                return _entry(row)
+            finally:
+                cur.close()
+
+        return collect
 
     def acquire_lease(
         self,
@@ -1625,6 +1714,21 @@ class PostgresCommitJournal:
         """
         return partial(
             self._complete_within,
+            statement=self._born_with_run[CommitState.COMPLETE],
+            what="the journal entry or the run",
+            run_params=self._run_params(start, owner=owner, provenance=provenance),
+        )
+
+    def queue_complete_run_entry_writer(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
+    ) -> Callable[..., PendingEntry]:
+        """``complete_run_entry_writer``, queued on a pipelining target (ADR 0016).
+
+        The writer takes the same arguments and returns the statement's collector (see
+        ``queue_complete_within``) instead of the entry.
+        """
+        return partial(
+            self._queue_complete_within,
             statement=self._born_with_run[CommitState.COMPLETE],
             what="the journal entry or the run",
             run_params=self._run_params(start, owner=owner, provenance=provenance),

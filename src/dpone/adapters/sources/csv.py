@@ -291,6 +291,21 @@ class CsvSource:
                     continue
             yield batch
 
+    def raw_csv_size(self) -> int | None:
+        """The size of the file ``raw_csv`` would offer, or None when it offers none.
+
+        A small file read whole knows its size from the read's own ``fstat``.
+        """
+        if self._delimiter not in RAW_CSV_DELIMITERS:
+            return None
+        small = self._small
+        if small is not None:
+            return small.state[2]
+        try:
+            return self._path.stat().st_size
+        except OSError:
+            return None  # the read reports it, with the source's own message
+
     def raw_csv(self, expected_identity: str) -> RawCsv | None:
         """Return the file as raw bytes for a target's CSV parser, when the delimiter allows."""
         if self._delimiter not in RAW_CSV_DELIMITERS:
@@ -349,3 +364,7 @@ class CsvRows:
     def raw_csv(self) -> RawCsv | None:
         """Return the source file as a ``RawCsv``, or None when it cannot pass through."""
         return self._source.raw_csv(self._expected)
+
+    def raw_csv_size(self) -> int | None:
+        """The size of the file ``raw_csv`` offers (None: none), without building it."""
+        return self._source.raw_csv_size()

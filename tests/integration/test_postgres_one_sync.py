@@ -1,0 +1,243 @@
+"""The PostgreSQL small path of a first attempt: one sync for the whole transaction (ADR 0016).
+
+BEGIN, the rows with the fence row INSERTed committed, the journal's queued statement and
+COMMIT go out together. What must hold: a fence row that already exists commits nothing
+and is then judged as before; every error is attributed to the statement that raised it
+(the connector's, the queued statement's, or COMMIT's); nothing half-written commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Iterator
+from itertools import count
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from dpone.adapters.connectors.postgres import PostgresConnector
+from dpone.contracts.fence import FenceStatus
+from dpone.contracts.load import Column, ColumnType, LoadPlan, LoadStrategy
+from dpone.errors import DponeError, FencedOut, TargetWriteFailed
+from dpone.ports.connector import Collector, QueuedWithin
+
+COLUMNS = (
+    Column(name="id", type=ColumnType.INTEGER),
+    Column(name="name", type=ColumnType.TEXT),
+)
+_ids = count(1)
+
+
+class _Mine(DponeError):
+    """The queued statement's own error, as a journal would translate it."""
+
+
+def _op() -> tuple[str, str]:
+    n = next(_ids)
+    return (
+        "sha256:" + hashlib.sha256(f"one-sync-op{n}".encode()).hexdigest(),
+        "sha256:" + hashlib.sha256(f"one-sync-intent{n}".encode()).hexdigest(),
+    )
+
+
+class Target:
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn, self.schema = dsn, schema
+        self.connector = PostgresConnector(dsn, table=f"{schema}.items", fence_schema=schema)
+        self.plan = LoadPlan(table=f"{schema}.items", strategy=LoadStrategy.APPEND, columns=COLUMNS)
+
+    def query(self, statement: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def mutate(self, op: str, intent: str, rows: list[tuple[object, ...]], **kw: Any) -> Any:
+        return self.connector.mutate(
+            operation_id=op,
+            intent_digest=intent,
+            epoch=kw.pop("epoch", 1),
+            plan=self.plan,
+            batches=[rows],
+            content_digest="sha256:" + "c" * 64,
+            prepare=kw.pop("prepare", True),
+            **kw,
+        )
+
+    def ids(self) -> list[int]:
+        return [int(r[0]) for r in self.query("SELECT id FROM items ORDER BY id")]
+
+
+@pytest.fixture
+def target(pg_available: str, pg_schema: str) -> Iterator[Target]:
+    target = Target(pg_available, pg_schema)
+    target.mutate(*_op(), [(0, "warm")])  # creates the table
+    target.mutate(*_op(), [(-1, "warm")])  # checks it: from here on, the small path
+    yield target
+    target.connector.close()
+
+
+def _queued(schema: str, statement: str, seen: list[BaseException | None]) -> QueuedWithin:
+    """A QueuedWithin that queues ``statement`` and reports what its collector was given."""
+
+    def queue(txn: object) -> Collector:
+        assert isinstance(txn, psycopg.Connection)
+        cur = txn.cursor()
+        cur.execute(sql.SQL(statement).format(s=sql.Identifier(schema)))
+
+        def collect(error: BaseException | None) -> None:
+            seen.append(error)
+            if error is not None and cur.pgresult is None:
+                raise _Mine("the queued statement failed") from error
+
+        return collect
+
+    return QueuedWithin(queue)
+
+
+class _Trace:
+    """libpq's protocol trace of the connector's connection: count the syncs answered."""
+
+    def __init__(self, connector: PostgresConnector) -> None:
+        conn = connector._conn
+        assert conn is not None
+        self._pgconn = conn.pgconn
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed in count()
+        self._pgconn.trace(self._file.fileno())
+
+    def ready_for_query(self) -> int:
+        self._pgconn.untrace()
+        self._file.seek(0)
+        text = self._file.read().decode()
+        self._file.close()
+        return sum(1 for line in text.splitlines() if "\tB\t" in line and "ReadyForQuery" in line)
+
+
+def test_a_first_attempt_is_one_round_trip_with_the_queued_statement(target: Target) -> None:
+    """Rows, fence, the queued statement and COMMIT: one ReadyForQuery, all committed."""
+    target.query("CREATE TABLE side (n int)")
+    seen: list[BaseException | None] = []
+    op, intent = _op()
+    trace = _Trace(target.connector)
+    report = target.mutate(
+        op,
+        intent,
+        [(1, "a"), (2, "b")],
+        within=_queued(target.schema, "INSERT INTO {s}.side VALUES (7)", seen),
+    )
+    assert trace.ready_for_query() == 1
+    assert seen == [None]
+    assert report.row_count == 2
+    assert report.committed is not None
+    assert report.committed.status is FenceStatus.COMMITTED
+    assert target.ids() == [-1, 0, 1, 2]
+    assert target.query("SELECT n FROM side") == [(7,)]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.COMMITTED
+
+
+def test_a_prepared_fence_row_is_judged_after_the_insert_met_it(target: Target) -> None:
+    """A row prepare() left at epoch 1: the INSERT rolls back, the upsert admits it, once."""
+    op, intent = _op()
+    target.connector.prepare(operation_id=op, intent_digest=intent, epoch=1)
+    target.query("CREATE TABLE side (n int)")
+    seen: list[BaseException | None] = []
+    target.mutate(
+        op,
+        intent,
+        [(1, "a")],
+        within=_queued(target.schema, "INSERT INTO {s}.side VALUES (1)", seen),
+    )
+    assert target.ids() == [-1, 0, 1]
+    assert target.query("SELECT count(*) FROM side") == [(1,)]  # the retried queue only
+    assert target.connector.observe(operation_id=op).status is FenceStatus.COMMITTED
+
+
+def test_a_committed_fence_row_refuses_and_commits_nothing(target: Target) -> None:
+    """Another executor's committed row: FencedOut, no row, no queued write kept."""
+    op, intent = _op()
+    target.mutate(op, intent, [(1, "a")])
+    target.query("CREATE TABLE side (n int)")
+    seen: list[BaseException | None] = []
+    with pytest.raises(FencedOut):
+        target.mutate(
+            op,
+            intent,
+            [(2, "b")],
+            within=_queued(target.schema, "INSERT INTO {s}.side VALUES (1)", seen),
+        )
+    assert target.ids() == [-1, 0, 1]
+    assert target.query("SELECT count(*) FROM side") == [(0,)]
+
+
+def test_the_queued_statement_s_error_is_its_own(target: Target) -> None:
+    """The queued statement fails: its collector raises its error; rows and fence roll back."""
+    seen: list[BaseException | None] = []
+    op, intent = _op()
+    with pytest.raises(_Mine):
+        target.mutate(op, intent, [(1, "a")], within=_queued(target.schema, "SELECT 1/0", seen))
+    assert len(seen) == 1
+    assert isinstance(seen[0], psycopg.errors.DivisionByZero)
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+    target.mutate(*_op(), [(3, "c")])  # the connection is usable again
+    assert target.ids() == [-1, 0, 3]
+
+
+def test_a_rejected_row_is_the_connector_s_and_the_queue_is_not_asked(target: Target) -> None:
+    """A value the table refuses: TargetWriteFailed; the collector never sees that error."""
+    seen: list[BaseException | None] = []
+    op, intent = _op()
+    with pytest.raises(TargetWriteFailed):
+        target.mutate(
+            op,
+            intent,
+            [(1, "a"), ("not-a-number", "b")],
+            within=_queued(target.schema, "SELECT 1", seen),
+        )
+    assert seen == []
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+
+
+def test_an_error_at_commit_is_offered_to_the_queue_then_the_connector_s(
+    target: Target,
+) -> None:
+    """A deferred unique constraint fails at COMMIT: the collector declines it, nothing kept."""
+    target.query(
+        "ALTER TABLE items ADD CONSTRAINT items_once UNIQUE (id) DEFERRABLE INITIALLY DEFERRED"
+    )
+    seen: list[BaseException | None] = []
+    op, intent = _op()
+    with pytest.raises(TargetWriteFailed, match="items_once"):
+        target.mutate(op, intent, [(0, "again")], within=_queued(target.schema, "SELECT 1", seen))
+    assert len(seen) == 1
+    assert isinstance(seen[0], psycopg.errors.UniqueViolation)
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+
+
+def test_a_resumed_epoch_keeps_judging_under_the_lock(target: Target) -> None:
+    """Epoch 2 after a seal is no first attempt: the upsert path, two syncs, as before."""
+    op, intent = _op()
+    target.connector.seal(operation_id=op, epoch=2)
+    trace = _Trace(target.connector)
+    target.mutate(op, intent, [(5, "e")], epoch=2)
+    assert trace.ready_for_query() == 2
+    assert target.ids() == [-1, 0, 5]
+
+
+def test_without_a_queued_within_the_old_path_runs(target: Target) -> None:
+    """A plain ``within`` may read results itself: the connector syncs before calling it."""
+    op, intent = _op()
+    calls: list[int] = []
+
+    def plain(txn: object) -> None:
+        assert isinstance(txn, psycopg.Connection)
+        calls.append(len(txn.execute("SELECT 1").fetchall()))
+
+    target.mutate(op, intent, [(6, "f")], within=plain)
+    assert calls == [1]
+    assert target.ids() == [-1, 0, 6]
