@@ -19,9 +19,10 @@ import pytest
 from psycopg import sql
 
 from dpone.adapters.connectors.postgres import PostgresConnector
+from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.contracts.fence import FenceStatus
 from dpone.contracts.load import Column, ColumnType, LoadPlan, LoadStrategy
-from dpone.errors import DponeError, FencedOut, TargetWriteFailed
+from dpone.errors import DponeError, FencedOut, JournalConflict, TargetWriteFailed
 from dpone.ports.connector import Collector, QueuedWithin
 
 COLUMNS = (
@@ -86,7 +87,10 @@ def _queued(schema: str, statement: str, seen: list[BaseException | None]) -> Qu
     def queue(txn: object) -> Collector:
         assert isinstance(txn, psycopg.Connection)
         cur = txn.cursor()
-        cur.execute(sql.SQL(statement).format(s=sql.Identifier(schema)))
+        try:  # queued first, after BEGIN: an error its execute reads is its own
+            cur.execute(sql.SQL(statement).format(s=sql.Identifier(schema)))
+        except psycopg.Error as exc:
+            raise _Mine("the queued statement failed") from exc
 
         def collect(error: BaseException | None) -> None:
             seen.append(error)
@@ -176,18 +180,20 @@ def test_the_queued_statement_s_error_is_its_own(target: Target) -> None:
     """The queued statement fails: its collector raises its error; rows and fence roll back."""
     seen: list[BaseException | None] = []
     op, intent = _op()
-    with pytest.raises(_Mine):
+    with pytest.raises(_Mine) as caught:
         target.mutate(op, intent, [(1, "a")], within=_queued(target.schema, "SELECT 1/0", seen))
-    assert len(seen) == 1
-    assert isinstance(seen[0], psycopg.errors.DivisionByZero)
+    # read at its own execute (nothing seen) or at a later one (offered to the collector)
+    assert isinstance(caught.value.__cause__, psycopg.errors.DivisionByZero)
+    assert len(seen) <= 1
     assert target.ids() == [-1, 0]
     assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
     target.mutate(*_op(), [(3, "c")])  # the connection is usable again
     assert target.ids() == [-1, 0, 3]
 
 
-def test_a_rejected_row_is_the_connector_s_and_the_queue_is_not_asked(target: Target) -> None:
-    """A value the table refuses: TargetWriteFailed; the collector never sees that error."""
+def test_a_rejected_row_is_offered_to_the_queue_which_declines_it(target: Target) -> None:
+    """A value the table refuses: the collector (its statement succeeded) declines it, and
+    the connector reports it as its own, TargetWriteFailed."""
     seen: list[BaseException | None] = []
     op, intent = _op()
     with pytest.raises(TargetWriteFailed):
@@ -197,7 +203,8 @@ def test_a_rejected_row_is_the_connector_s_and_the_queue_is_not_asked(target: Ta
             [(1, "a"), ("not-a-number", "b")],
             within=_queued(target.schema, "SELECT 1", seen),
         )
-    assert seen == []
+    assert len(seen) == 1
+    assert isinstance(seen[0], psycopg.errors.InvalidTextRepresentation)
     assert target.ids() == [-1, 0]
     assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
 
@@ -241,3 +248,75 @@ def test_without_a_queued_within_the_old_path_runs(target: Target) -> None:
     target.mutate(op, intent, [(6, "f")], within=plain)
     assert calls == [1]
     assert target.ids() == [-1, 0, 6]
+
+
+def _journal_within(journal: PostgresCommitJournal, op: str, intent: str) -> QueuedWithin:
+    """The real journal's entry born COMPLETE, queued as the atomic first attempt does."""
+
+    def queue(txn: object) -> Collector:
+        pending = journal.queue_complete_within(
+            txn,
+            operation_id=op,
+            intent_digest=intent,
+            metadata={},
+            actor="tester",
+            result={"rows_written": 1},
+            evidence={"mode": "atomic"},
+        )
+
+        def collect(error: BaseException | None) -> None:
+            pending(error)
+
+        return collect
+
+    return QueuedWithin(queue)
+
+
+@pytest.fixture
+def journal(target: Target) -> Iterator[PostgresCommitJournal]:
+    journal = PostgresCommitJournal(target.dsn, schema=target.schema)
+    yield journal
+    journal.close()
+
+
+def test_the_real_journal_s_entry_commits_with_the_rows_at_one_sync(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """The journal's queued INSERT, the rows and the fence: one round trip, all kept."""
+    op, intent = _op()
+    trace = _Trace(target.connector)
+    target.mutate(op, intent, [(1, "a")], within=_journal_within(journal, op, intent))
+    assert trace.ready_for_query() == 1
+    entry = journal.get(op)
+    assert entry is not None
+    assert entry.state.value == "COMPLETE"
+    assert target.ids() == [-1, 0, 1]
+
+
+def test_an_existing_entry_is_journal_conflict_and_nothing_is_written(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """Another executor's entry (no fence row yet): JournalConflict, no row, no fence."""
+    op, intent = _op()
+    journal.create_intent(operation_id=op, intent_digest=intent, metadata={}, actor="other")
+    with pytest.raises(JournalConflict):
+        target.mutate(op, intent, [(1, "a")], within=_journal_within(journal, op, intent))
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+    entry = journal.get(op)
+    assert entry is not None
+    assert entry.state.value == "PREPARING"  # the other executor's, untouched
+
+
+def test_a_rejected_row_after_the_real_journal_s_insert_is_the_connector_s(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """The journal's INSERT went first and succeeded; the row fails: TargetWriteFailed."""
+    op, intent = _op()
+    with pytest.raises(TargetWriteFailed):
+        target.mutate(
+            op, intent, [("not-a-number", "a")], within=_journal_within(journal, op, intent)
+        )
+    assert journal.get(op) is None
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT

@@ -30,19 +30,16 @@ class QueuedWithin:
 
     ``queue(txn)`` adds the statements to the open transaction without reading their
     results and returns a ``Collector``. A connector that pipelines (the PostgreSQL
-    small path, ADR 0016) queues its own statements, then ``queue``, then COMMIT, and
-    reads everything at one sync: an error of a statement queued before ``queue`` is the
-    connector's own; any later error is first offered to the collector. Every other
+    small path, ADR 0016) queues them right after BEGIN, then its own statements, then
+    COMMIT, and reads everything at one sync. Any error is first offered to the
+    collector (its statements come first), then judged by the connector. Every other
     connector simply calls it like any ``within``: it queues, then collects at once.
-    ``sync_first``: the connector reads its own statements' results before ``queue``
-    (a failpoint there must find them executed, holding their locks).
     """
 
-    __slots__ = ("queue", "sync_first")
+    __slots__ = ("queue",)
 
-    def __init__(self, queue: Callable[[object], Collector], *, sync_first: bool = False) -> None:
+    def __init__(self, queue: Callable[[object], Collector]) -> None:
         self.queue = queue
-        self.sync_first = sync_first
 
     def __call__(self, txn: object) -> None:
         """Run as a plain ``within``: queue the statements, then collect at once."""

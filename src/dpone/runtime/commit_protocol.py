@@ -831,9 +831,11 @@ class CommitProtocol:
         queue_create = getattr(journal, "queue_complete_within", None)
         if run_fold is not None:
             queue_create = run_fold.queue_complete  # None: the run is written apart
-        chosen: WithinTransaction = (
-            within if queue_create is None else _queued_create(queue_create, entry_fields, written)
-        )
+        # An armed failpoint keeps the plain within: it then fires where it always did,
+        # after the rows and fence statement and the entry's INSERT were read.
+        chosen: WithinTransaction = within
+        if queue_create is not None and not failpoints.armed(*_WITHIN_POINTS):
+            chosen = _queued_create(queue_create, entry_fields, written)
 
         try:
             self._connector.check_plan(spec.plan)  # read-only: fail before any write
@@ -1185,7 +1187,7 @@ def _queued_create(
 
         return collect
 
-    return QueuedWithin(queue, sync_first=failpoints.armed(*_WITHIN_POINTS))
+    return QueuedWithin(queue)
 
 
 def _collected(_error: BaseException | None) -> None:
@@ -1206,15 +1208,20 @@ _WITHIN_POINTS = (
 )
 
 
-def _before_commit() -> QueuedWithin:
+def _before_commit() -> WithinTransaction:
     """Forward mode's ``within``: only the failpoint.
 
-    A pipelining target may then send its COMMIT with its statements at one sync (ADR
-    0016); with the failpoint armed it reads its statements' results first.
+    Queued, so a pipelining target may send its COMMIT with its statements at one sync
+    (ADR 0016); with the failpoint armed it stays a plain ``within``, which the target
+    calls after reading its statements' results, so the failpoint finds them executed.
     """
-    return QueuedWithin(
-        _queue_before_commit, sync_first=failpoints.armed("fence.mutate.before_commit")
-    )
+    if failpoints.armed("fence.mutate.before_commit"):
+        return _plain_before_commit
+    return QueuedWithin(_queue_before_commit)
+
+
+def _plain_before_commit(_txn: object) -> None:
+    failpoints.hit("fence.mutate.before_commit")
 
 
 def _proof(observation: FenceObservation) -> dict[str, object]:

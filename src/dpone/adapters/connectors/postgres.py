@@ -18,7 +18,7 @@ import msgspec
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 
 from dpone.adapters._pg import describe, pg_locator, translate
 from dpone.adapters.connectors._audit import audit_staged
@@ -45,7 +45,7 @@ from dpone.errors import (
     TargetSchemaMismatch,
     TargetWriteFailed,
 )
-from dpone.ports.connector import QueuedWithin, Rows, WithinTransaction
+from dpone.ports.connector import Collector, QueuedWithin, Rows, WithinTransaction
 from dpone.ports.source import RawCsv, RawCsvRefused, raw_csv_of, raw_csv_size_of
 
 __all__ = ["FENCE_TABLE", "PostgresConnector"]
@@ -975,7 +975,8 @@ class PostgresConnector:
         if conn is None:
             return
         status = conn.info.transaction_status
-        if conn.closed or conn.broken or status is not TransactionStatus.IDLE:
+        piped = not conn.closed and conn.info.pipeline_status is not PipelineStatus.OFF
+        if conn.closed or conn.broken or status is not TransactionStatus.IDLE or piped:
             self._conn = None
             try:
                 conn.close()
@@ -1316,7 +1317,7 @@ class PostgresConnector:
         count: int,
         within: QueuedWithin | None,
     ) -> MutationReport:
-        """A first attempt's small write: BEGIN, rows and fence, ``within``, COMMIT, one sync.
+        """A first attempt's small write: BEGIN, ``within``, rows and fence, COMMIT, one sync.
 
         At epoch 1 no fence row is expected, so the statement INSERTs the row committed
         with no ON CONFLICT (ADR 0016): any existing row (another executor's, or one
@@ -1324,16 +1325,20 @@ class PostgresConnector:
         COMMIT queued behind it can never commit a write the fence did not admit. That
         case raises ``_FenceRowExists`` after the rollback, and ``_mutate_small`` judges
         the row with the locking upsert as it always did. ``within`` only queues its
-        statements; an error is the statement's own when the statement has no result,
-        else it is offered to ``within``'s collector, else it is COMMIT's.
+        statements, first; any error is offered to its collector first (its statements
+        come first), then is this statement's when it has no result, else COMMIT's.
         """
         cur = conn.cursor()
         ctl = conn.cursor()
-        collect = None
+        collect: Collector | None = None
         try:
             try:
-                with conn.pipeline() as pipeline:
+                with conn.pipeline():
                     ctl.execute(_BEGIN)
+                    # within's statements first: an error its own executes read can then
+                    # only be its own (a pipelined execute reads results that arrived)
+                    if within is not None:
+                        collect = within.queue(conn)
                     try:
                         cur.execute(statement, params)
                     except UnicodeEncodeError:
@@ -1342,34 +1347,34 @@ class PostgresConnector:
                             "nothing was written",
                             operation_id=operation_id,
                         ) from None
-                    if within is not None:
-                        if within.sync_first:
-                            pipeline.sync()  # an error here is the statement's own
-                        collect = within.queue(conn)
                     ctl.execute(_COMMIT)
                 # the pipeline's closing sync sent all of it and read every result
+                marked: _FenceRow | None = cur.fetchone()
+                confirmed = marked is not None and ctl.statusmessage == "COMMIT"
             except psycopg.Error as exc:
+                # In pipeline mode any execute may raise an earlier statement's error:
+                # attribute it by the first statement without a result, in their order.
                 _rollback_quietly(conn)
-                if cur.pgresult is None:  # the statement itself failed
+                if collect is not None:
+                    collect(exc)  # raises its own error when one of its statements failed
+                if cur.pgresult is None:  # the rows-and-fence statement failed
                     if self._is_fence_row(exc):
                         raise _FenceRowExists from exc
                     raise
-                if collect is not None:
-                    collect(exc)  # raises its own error when one of its statements failed
                 raise  # COMMIT's
             except BaseException:
                 _rollback_quietly(conn)
                 raise
-            if collect is not None:
-                collect(None)
-            marked: _FenceRow | None = cur.fetchone()
-            if marked is None or ctl.statusmessage != "COMMIT":  # never: refuse, never guess
-                raise TargetWriteFailed(
-                    "the target did not confirm the commit", operation_id=operation_id
-                )
         finally:
             cur.close()
             ctl.close()
+        if not confirmed:  # never after a clean sync: refuse, never guess
+            _rollback_quietly(conn)
+            raise TargetWriteFailed(
+                "the target did not confirm the commit", operation_id=operation_id
+            )
+        if collect is not None:
+            collect(None)  # committed: hands over what its statements returned
         return MutationReport(
             row_count=count, content_digest=content_digest, committed=_observation(marked)
         )

@@ -1461,6 +1461,9 @@ class PostgresCommitJournal:
             return self._translate(exc, "create the journal entry in the target transaction")
 
         cur = txn.cursor(row_factory=tuple_row)
+        # In pipeline mode ``execute`` also reads the results that have arrived, so it
+        # could raise an EARLIER statement's error: a pipelining connector queues this
+        # statement first in its transaction (after BEGIN), so an error here is ours.
         try:
             cur.execute(statement, params)
         except psycopg.Error as exc:
