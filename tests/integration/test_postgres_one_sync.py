@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import threading
 from collections.abc import Iterator
 from itertools import count
 from typing import Any
@@ -24,6 +25,7 @@ from dpone.contracts.fence import FenceStatus
 from dpone.contracts.load import Column, ColumnType, LoadPlan, LoadStrategy
 from dpone.errors import DponeError, FencedOut, JournalConflict, TargetWriteFailed
 from dpone.ports.connector import Collector, QueuedWithin
+from dpone.testing.pg_probe import wait_until
 
 COLUMNS = (
     Column(name="id", type=ColumnType.INTEGER),
@@ -320,3 +322,60 @@ def test_a_rejected_row_after_the_real_journal_s_insert_is_the_connector_s(
     assert journal.get(op) is None
     assert target.ids() == [-1, 0]
     assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+
+
+def test_a_warm_and_a_cold_writer_of_one_operation_never_deadlock(target: Target) -> None:
+    """The one-sync path writes its queued statements before the fence row, the general
+    path (a connector's first load of a table) the fence row first: both take the
+    operation's advisory lock first, so they queue instead of deadlocking."""
+    target.query("CREATE TABLE side (k text PRIMARY KEY)")
+    op, intent = _op()
+    side = sql.Identifier(target.schema, "side")
+
+    def slow_queue(txn: object) -> Collector:
+        assert isinstance(txn, psycopg.Connection)
+        cur = txn.cursor()
+        cur.execute(sql.SQL("INSERT INTO {} VALUES ('k')").format(side))
+        cur.execute("SELECT pg_sleep(0.8)")  # holds 'k' while the other writer starts
+
+        def collect(error: BaseException | None) -> None:
+            cur.close()
+
+        return collect
+
+    def cold_within(txn: object) -> None:
+        assert isinstance(txn, psycopg.Connection)
+        txn.execute(sql.SQL("INSERT INTO {} VALUES ('k')").format(side))
+
+    done: list[object] = []
+    warm = threading.Thread(
+        target=lambda: done.append(
+            target.mutate(op, intent, [(1, "a")], within=QueuedWithin(slow_queue))
+        )
+    )
+    cold = PostgresConnector(target.dsn, table=target.plan.table, fence_schema=target.schema)
+    try:
+        warm.start()
+        wait_until(
+            "the warm writer to sleep inside its transaction",
+            lambda: bool(
+                target.query("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            ),
+        )
+        with pytest.raises(FencedOut):  # waited for the warm commit, then refused
+            cold.mutate(
+                operation_id=op,
+                intent_digest=intent,
+                epoch=1,
+                plan=target.plan,
+                batches=[[(1, "a")]],
+                content_digest="sha256:" + "c" * 64,
+                within=cold_within,
+                prepare=True,
+            )
+        warm.join(30)
+    finally:
+        cold.close()
+    assert len(done) == 1
+    assert target.ids() == [-1, 0, 1]
+    assert target.query("SELECT k FROM side") == [("k",)]

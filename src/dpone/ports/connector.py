@@ -28,12 +28,14 @@ Collector = Callable[[BaseException | None], None]
 class QueuedWithin:
     """A ``within`` that a pipelining connector may send together with its own statements.
 
-    ``queue(txn)`` adds the statements to the open transaction without reading their
-    results and returns a ``Collector``. A connector that pipelines (the PostgreSQL
-    small path, ADR 0016) queues them right after BEGIN, then its own statements, then
-    COMMIT, and reads everything at one sync. Any error is first offered to the
-    collector (its statements come first), then judged by the connector. Every other
-    connector simply calls it like any ``within``: it queues, then collects at once.
+    ``queue(txn)`` adds the statements to the open transaction and returns a
+    ``Collector``; it need not read their results (a pipelined ``execute`` may read
+    those that arrived, and then raises its own statement's translated error). A
+    connector that pipelines (the PostgreSQL small path, ADR 0016) queues them right
+    after BEGIN, then its own statements, then COMMIT, and reads everything at one
+    sync. Any error is first offered to the collector (its statements come first), then
+    judged by the connector. Every other connector simply calls it like any
+    ``within``: it queues, then collects at once.
     """
 
     __slots__ = ("queue",)

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import PipelineStatus, TransactionStatus
+from psycopg.types.numeric import Int8
 
 from dpone.adapters._pg import describe, pg_locator, translate
 from dpone.adapters.connectors._audit import audit_staged
@@ -735,6 +736,18 @@ _COMMIT = b"COMMIT"
 _INSERT_CACHE = 64  # entries per connector cache: rendered small statements, validated plans
 
 
+#: Every write transaction of an operation takes its advisory lock first (pipelined
+#: behind BEGIN on the small path). The one-sync path writes the journal entry before
+#: the fence row, the others the fence row first: two writers of one operation on
+#: different paths would otherwise lock the two in opposite orders and deadlock (ADR
+#: 0016). Bounded by lock_timeout like any other wait: FENCE_UNAVAILABLE past it.
+_OPERATION_LOCK = b"SELECT pg_advisory_xact_lock(%s)"
+
+
+def _operation_key(operation_id: str) -> Int8:
+    return Int8(_advisory_key("operation", operation_id))  # always bigint: one prepared plan
+
+
 class _FenceRowExists(Exception):
     """The first attempt's INSERT met an existing fence row; the transaction rolled back."""
 
@@ -1161,6 +1174,7 @@ class PostgresConnector:
                         prepare=prepare,
                     )
                 with conn.transaction(), conn.cursor() as cur:
+                    cur.execute(_OPERATION_LOCK, (_operation_key(operation_id),))
                     current = self._lock_fence(
                         cur,
                         operation_id=operation_id,
@@ -1271,6 +1285,7 @@ class PostgresConnector:
         try:
             with conn.pipeline() as pipeline, conn.cursor() as cur:
                 cur.execute(_BEGIN)
+                cur.execute(_OPERATION_LOCK, (_operation_key(operation_id),))
                 try:
                     cur.execute(statement, params)
                 except UnicodeEncodeError:
@@ -1335,6 +1350,7 @@ class PostgresConnector:
             try:
                 with conn.pipeline():
                     ctl.execute(_BEGIN)
+                    ctl.execute(_OPERATION_LOCK, (_operation_key(operation_id),))
                     # within's statements first: an error its own executes read can then
                     # only be its own (a pipelined execute reads results that arrived)
                     if within is not None:
@@ -1355,6 +1371,8 @@ class PostgresConnector:
                 # In pipeline mode any execute may raise an earlier statement's error:
                 # attribute it by the first statement without a result, in their order.
                 _rollback_quietly(conn)
+                if conn.broken:
+                    raise  # the connection itself: no statement's error (commit unread)
                 if collect is not None:
                     collect(exc)  # raises its own error when one of its statements failed
                 if cur.pgresult is None:  # the rows-and-fence statement failed
