@@ -1378,33 +1378,13 @@ class PostgresCommitJournal:
             evidence=evidence,
         )
 
-    def _complete_within(
-        self,
-        txn: object,
-        *,
-        statement: str,
-        what: str,
-        run_params: Mapping[str, object] | None = None,
-        operation_id: str,
-        intent_digest: str,
-        metadata: Mapping[str, object],
-        actor: str,
-        result: Mapping[str, object],
-        evidence: Mapping[str, object] | None = None,
-    ) -> JournalEntry:
-        """Insert the entry born COMPLETE (and the run, given ``run_params``) in ``txn``."""
-        entry = self._queue_complete_within(
-            txn,
-            statement=statement,
-            what=what,
-            run_params=run_params,
-            operation_id=operation_id,
-            intent_digest=intent_digest,
-            metadata=metadata,
-            actor=actor,
-            result=result,
-            evidence=evidence,
-        )(None)
+    def _complete_within(self, txn: object, **fields: Any) -> JournalEntry:
+        """Insert the entry born COMPLETE (and the run, given ``run_params``) in ``txn``.
+
+        ``fields``: ``_queue_complete_within``'s keyword arguments; its collector is
+        called at once, which reads the INSERT's result (in pipeline mode too).
+        """
+        entry = self._queue_complete_within(txn, **fields)(None)
         assert entry is not None  # noqa: S101 - collected without an error
         return entry
 
