@@ -1169,16 +1169,13 @@ def _queued_create(
 ) -> QueuedWithin:
     """The folded first attempt's ``within``, queued (ADR 0016).
 
-    The same failpoints fire around the entry's INSERT, which is only queued; its
-    collector keeps the entry the INSERT returned.
+    Only offered while none of ``_WITHIN_POINTS`` is armed (an armed one keeps the plain
+    ``within``), so it fires none of them. Its collector keeps the entry the INSERT
+    returned.
     """
 
     def queue(txn: object) -> Collector:
-        failpoints.hit("fence.mutate.before_commit")
-        failpoints.hit("before:journal.create")
         pending = create(txn, **fields())
-        failpoints.hit("after:journal.create")
-        failpoints.hit("before:COMPLETE")
 
         def collect(error: BaseException | None) -> None:
             entry = pending(error)
@@ -1194,8 +1191,8 @@ def _collected(_error: BaseException | None) -> None:
     """The collector of a ``within`` that queued nothing."""
 
 
-def _queue_before_commit(_txn: object) -> Collector:
-    failpoints.hit("fence.mutate.before_commit")
+def _queue_nothing(_txn: object) -> Collector:
+    """Forward mode's queued ``within`` (its failpoint is not armed): nothing to send."""
     return _collected
 
 
@@ -1217,7 +1214,7 @@ def _before_commit() -> WithinTransaction:
     """
     if failpoints.armed("fence.mutate.before_commit"):
         return _plain_before_commit
-    return QueuedWithin(_queue_before_commit)
+    return QueuedWithin(_queue_nothing)
 
 
 def _plain_before_commit(_txn: object) -> None:

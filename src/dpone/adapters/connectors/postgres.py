@@ -1375,11 +1375,9 @@ class PostgresConnector:
                     raise  # the connection itself: no statement's error (commit unread)
                 if collect is not None:
                     collect(exc)  # raises its own error when one of its statements failed
-                if cur.pgresult is None:  # the rows-and-fence statement failed
-                    if self._is_fence_row(exc):
-                        raise _FenceRowExists from exc
-                    raise
-                raise  # COMMIT's
+                if cur.pgresult is None and self._is_fence_row(exc):
+                    raise _FenceRowExists from exc
+                raise  # the rows-and-fence statement's, else COMMIT's: the connector's
             except BaseException:
                 _rollback_quietly(conn)
                 raise
