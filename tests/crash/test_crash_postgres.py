@@ -475,3 +475,61 @@ def test_journal_outage_after_the_target_commit(
         route.assert_exactly_once()
     finally:
         _drop(pg_available, schema)
+
+
+# A Runner process that SIGKILLs itself right after run() returned, its COMPLETE sent
+# behind it and not yet read (ADR 0017), or (with a failpoint) right after sending it.
+BEHIND_CHILD = """
+import os, signal, sys
+from dpone.api import Runner
+from dpone.runtime import failpoints
+with Runner(sys.argv[1]) as runner:
+    if len(sys.argv) > 2:
+        failpoints.configure(sys.argv[2])
+    result = runner.run(interval="2026-11-01/2026-11-02")
+    assert result.rows_written == 1000 and not result.replayed, result
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("failpoint", [None, "after:COMPLETE=kill"], ids=["returned", "sent"])
+def test_kill_with_the_complete_behind_the_caller_then_rerun(
+    pg_available: str, tmp_path: Path, failpoint: str | None
+) -> None:
+    """Forward mode through a Runner: the process dies with its COMPLETE sent and unread.
+    Whether the journal kept it (COMPLETE) or not (COMMITTING), a rerun ends COMPLETE
+    with every row exactly once and a run ledger that agrees."""
+    schema = f"b_{uuid.uuid4().hex[:10]}"
+    route = Route(
+        root=tmp_path,
+        schema=schema,
+        journal_dsn=with_db(pg_available, "postgres"),
+        target_dsn=pg_available,
+    )
+    try:
+        route.workload(ttl=1)
+        argv = [sys.executable, "-c", BEHIND_CHILD, str(tmp_path / "w.yaml")]
+        child = subprocess.run(
+            [*argv, *([failpoint] if failpoint else [])],
+            check=False,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert child.returncode == KILLED, child.stderr
+        assert route.counts() == (ROWS, ROWS)
+        journal = route.journal()
+        try:
+            [entry] = journal.list_entries()
+            assert entry.state in (CommitState.COMPLETE, CommitState.COMMITTING), entry
+        finally:
+            journal.close()
+        time.sleep(1.2)  # a COMMITTING entry's lease (1 s) runs out
+        outcome = run_until_done(RUN, cwd=tmp_path)
+        assert outcome.final == 0, outcome.last_stderr
+        assert EXIT_COMMIT_UNKNOWN not in outcome.codes
+        route.assert_exactly_once()
+    finally:
+        _drop(pg_available, schema)
+        _drop(with_db(pg_available, "postgres"), schema)

@@ -122,6 +122,9 @@ class RunFold(msgspec.Struct, kw_only=True):
     #: forward mode: ``complete_proven`` plus the end of attempt 1 COMPLETE, one write;
     #: returns ``(entry, run_ended)`` (``RunEndingLedgerPort``)
     complete_proven: Callable[..., tuple[JournalEntry, bool]] | None = None
+    #: ``complete_proven`` written behind the caller: returns at once, and hands a
+    #: failure to its ``on_failure`` when the journal settles it (ADR 0017)
+    complete_proven_behind: Callable[..., None] | None = None
     #: the run's COMPLETE end is committed with the write: nothing is left to record
     committed: bool = False
     #: the run and attempt 1 were recorded with the entry (forward mode)
@@ -970,15 +973,19 @@ class CommitProtocol:
             and entry.lease_epoch == _FIRST_EPOCH
         ):
             # attempt 1, recorded with the entry, ends COMPLETE in this write (ADR 0013)
-            new, ending.committed = ending.complete_proven(
-                operation_id=entry.operation_id,
-                expected_version=entry.version,
-                expected_states=frozenset({entry.state}),
-                lease_epoch=entry.lease_epoch,
-                actor=self._owner,
-                result=result or {},
-                evidence=evidence,
-            )
+            if ending.complete_proven_behind is not None:
+                new = self._complete_behind(ending.complete_proven_behind, entry, result, evidence)
+                ending.committed = True
+            else:
+                new, ending.committed = ending.complete_proven(
+                    operation_id=entry.operation_id,
+                    expected_version=entry.version,
+                    expected_states=frozenset({entry.state}),
+                    lease_epoch=entry.lease_epoch,
+                    actor=self._owner,
+                    result=result or {},
+                    evidence=evidence,
+                )
         elif final and proven and checkpoint is None and self._proven is not None:
             new = self._proven.complete_proven(
                 operation_id=entry.operation_id,
@@ -1018,6 +1025,50 @@ class CommitProtocol:
         self._emit(new, "transition")
         failpoints.hit(f"after:{next_state.value}")
         return new
+
+    def _complete_behind(
+        self,
+        write: Callable[..., None],
+        entry: JournalEntry,
+        result: Mapping[str, object] | None,
+        evidence: Mapping[str, object] | None,
+    ) -> JournalEntry:
+        """COMPLETE written behind this call (ADR 0017); the entry as it will read.
+
+        Only for a COMPLETE the fence proves: the rows are committed exactly once whether
+        or not this write lands. If it does not (the journal went away, or another
+        executor moved the entry on), the entry stays COMMITTING and the next run of the
+        operation completes it from the fence; that is logged, and no later call fails.
+        """
+        operation_id = entry.operation_id
+
+        def failed(exc: DponeError) -> None:
+            _log.warning(
+                "the journal did not record COMPLETE of operation %s (%s); its rows are "
+                "committed and its fence proves it: the next run of the operation "
+                "completes the entry",
+                operation_id,
+                exc.code.value,
+                extra={"dpone": {"operation_id": operation_id, "event": "secondary"}},
+            )
+
+        write(
+            on_failure=failed,
+            operation_id=operation_id,
+            expected_version=entry.version,
+            expected_states=frozenset({entry.state}),
+            lease_epoch=entry.lease_epoch,
+            actor=self._owner,
+            result=result or {},
+            evidence=evidence,
+        )
+        return msgspec.structs.replace(
+            entry,
+            state=S.COMPLETE,
+            version=entry.version + 1,
+            lease_owner=None,
+            result=safe_mapping(result),
+        )
 
     def _fail_pre_commit(self, entry: JournalEntry, primary: DponeError) -> None:
         """Record that nothing was written and why; never replaces the primary error."""

@@ -180,6 +180,12 @@ class RunService:
             # a ledger that ends the run with the entry's COMPLETE offers that write
             # (ADR 0013); the protocol uses it only for attempt 1 recorded with the entry
             ending = getattr(folding, "complete_proven_ending_run", None)
+            # ... and one that writes it behind the caller offers that too (ADR 0017)
+            behind = (
+                getattr(folding, "complete_proven_ending_run_behind", None)
+                if getattr(folding, "completes_behind", False)
+                else None
+            )
             tr.fold = RunFold(
                 write=write,
                 create_complete=create_complete,
@@ -191,6 +197,9 @@ class RunService:
                 complete_proven=None
                 if ending is None
                 else functools.partial(ending, run_id=start.run_id, attempt=1),
+                complete_proven_behind=None
+                if behind is None
+                else functools.partial(behind, run_id=start.run_id, attempt=1),
             )
         else:
             tr.ensure_run()

@@ -7,6 +7,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from functools import cache, lru_cache, partial
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,6 +21,7 @@ from psycopg.rows import tuple_row
 
 from dpone.adapters import _pg
 from dpone.adapters.journal import _checkpoint_sql, _ledger_sql, _rules
+from dpone.adapters.journal._behind import Finish, WriteBehind
 from dpone.adapters.journal._rows import audit_from_row as _audit
 from dpone.adapters.journal._rows import entry_from_row as _entry
 from dpone.adapters.journal._rows import transition_from_row as _transition
@@ -61,6 +63,13 @@ _STATEMENT_MARGIN_S = 30.0
 # A run ledger write on the one session (pooled=False): queued in a pipeline before the
 # write, it holds for the implicit transaction that ends at the pipeline's Sync only.
 _ASYNC_COMMIT_LOCAL = "SELECT set_config('synchronous_commit', 'off', true)"
+# A write sent behind its caller (ADR 0017) sends its Sync and reads its answer later,
+# through the pipeline's own bookkeeping: psycopg has no public call that sends a Sync
+# without waiting for the answer. Without these the journal writes as it always did.
+_SENDS_BEHIND = all(
+    callable(getattr(psycopg.Pipeline, name, None))
+    for name in ("_enqueue_sync", "_communicate_gen", "_fetch_gen")
+)
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 _FROM_PREPARING = frozenset({CommitState.PREPARING})
@@ -692,6 +701,10 @@ class PostgresCommitJournal:
         # the last new run's checked values (``_run_params``)
         self._run_memo: tuple[RunStart, str, SafeMapping | None, dict[str, object]] | None = None
         self._lock = threading.Lock()
+        # forward mode's proven COMPLETE of attempt 1, written behind its caller (ADR 0017)
+        self._behind = WriteBehind()
+        self._behind_held: tuple[_Conn, psycopg.Pipeline, ExitStack] | None = None
+        self._behind_pid = os.getpid()
         self._pool: ConnectionPool[_Conn] | None = None
         self._ledger_pool: ConnectionPool[_Conn] | None = None
         self._ledger_pid = os.getpid()
@@ -932,7 +945,9 @@ class PostgresCommitJournal:
 
         # Repeating is safe: a write that did commit makes the repeat a unique violation,
         # and the plain create below then finds the entry (ours: the caller resumes it).
-        row = self._run("record the intent and the run", write, repeatable=True)
+        row = self._run(
+            "record the intent and the run", write, repeatable=True, touching=operation_id
+        )
         if row is None:
             entry = self.create_committing(
                 operation_id=operation_id,
@@ -1064,6 +1079,94 @@ class PostgresCommitJournal:
             ledger=True,
         )
         return _entry(row), bool(row[-1])
+
+    @property
+    def completes_behind(self) -> bool:
+        """True when ``complete_proven_ending_run_behind`` returns before its write lands.
+
+        Only a pooled journal does (``dpone.api.Runner``): a one-session journal serves one
+        operation per process, with nothing to overlap the write with.
+        """
+        return self._pooled and _SENDS_BEHIND
+
+    def complete_proven_ending_run_behind(
+        self,
+        *,
+        on_failure: Callable[[DponeError], None],
+        run_id: str,
+        attempt: int,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> None:
+        """``complete_proven_ending_run``, written on a worker thread behind the caller.
+
+        Only for a COMPLETE the target's fence proves (ADR 0017): losing it leaves the
+        entry COMMITTING, which the next run of the operation completes from the fence,
+        as after a crash between the commit and COMPLETE (or a server crash losing that
+        asynchronous commit, ADR 0013). The statement is built here, so a bad value
+        raises here. The journal settles the write before any later call that could
+        read or move what it writes; a failure, or a run the write did not end, goes to
+        ``on_failure`` then, and never to the unrelated call that settled it.
+        """
+        query, params = self._complete_statement(
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            ending_run=True,
+        )
+        params.update(end_run_id=run_id, end_attempt=int(attempt))
+
+        action = "write the journal state and end the run"
+
+        def send() -> Finish:
+            conn, pipeline = self._behind_session()
+            cur = conn.cursor()
+            try:
+                cur.execute(query, params)
+                # the Sync that commits it (asynchronously, as on every ledger session),
+                # sent now; its answer is read by finish
+                pipeline._enqueue_sync()
+                conn.wait(pipeline._communicate_gen())
+            except psycopg.Error as exc:
+                cur.close()
+                self._drop_behind_session()
+                raise self._translate(exc, action) from exc
+
+            def finish() -> None:
+                try:
+                    conn.wait(pipeline._fetch_gen(flush=False))
+                    row = cur.fetchone()
+                except psycopg.Error as exc:
+                    if conn.broken or conn.closed:
+                        self._drop_behind_session()
+                    raise self._translate(exc, action) from exc
+                finally:
+                    cur.close()
+                if row is None:
+                    raise JournalConflict(
+                        f"the journal entry moved on from version {expected_version} at epoch "
+                        f"{lease_epoch} before its COMPLETE",
+                        operation_id=operation_id,
+                    )
+                if not row[-1]:
+                    raise JournalConflict(
+                        f"the run {run_id} was not at attempt {attempt}: its end was not "
+                        "recorded with the COMPLETE",
+                        operation_id=operation_id,
+                    )
+
+            return finish
+
+        self._behind.submit(operation_id, send, on_failure=on_failure)
 
     def compare_and_set_within(
         self,
@@ -1641,6 +1744,7 @@ class PostgresCommitJournal:
             "read the run and its journal entry",
             lambda conn: conn.execute(self._find_run, (idempotency_key, operation_id)).fetchone(),
             repeatable=True,
+            touching=operation_id,
         )
         assert row is not None  # noqa: S101 - the outer SELECT always returns one row
         width = _RUN_WIDTH
@@ -1746,6 +1850,8 @@ class PostgresCommitJournal:
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Close the connection pool. Idempotent; a forked child leaves the parent's alone."""
+        self._behind.settle()  # the write behind the last caller is read first (ADR 0017)
+        self._drop_behind_session()
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -1875,6 +1981,7 @@ class PostgresCommitJournal:
 
     def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
         """Refuse a target transaction that is not open or not in this journal's database."""
+        self._behind.settle()
         server = self._server_identity()
         info = txn.info
         status = info.transaction_status
@@ -1980,6 +2087,23 @@ class PostgresCommitJournal:
         )
 
     def _run(
+        self,
+        action: str,
+        work: Callable[[_Conn], _T],
+        *,
+        repeatable: bool,
+        ledger: bool = False,
+        touching: str | None = None,
+    ) -> _T:
+        """``_run_now``, once the write behind the last caller has settled (ADR 0017).
+
+        ``touching`` names the one operation ``work`` reads or writes (with its run), when
+        it touches no other: a write in flight for another operation then stays in flight.
+        """
+        self._behind.settle(only=touching)
+        return self._run_now(action, work, repeatable=repeatable, ledger=ledger)
+
+    def _run_now(
         self,
         action: str,
         work: Callable[[_Conn], _T],
@@ -2166,6 +2290,44 @@ class PostgresCommitJournal:
             return
         with self._session_lock:  # after the call in progress, if any
             session.close()
+
+    def _behind_session(self) -> tuple[_Conn, psycopg.Pipeline]:
+        """The session writes behind their caller are sent on, kept in pipeline mode.
+
+        A ledger session (asynchronous commit), outside the pools: a pooled connection
+        cannot stay in pipeline mode between uses. Only ``WriteBehind`` calls this, under
+        its lock.
+        """
+        held = self._behind_held
+        if held is not None and self._behind_pid == os.getpid():
+            return held[0], held[1]
+        self._behind_held = None  # a forked child's: the parent's, never used or closed
+        self._ready_pool()  # migrated, and open
+        try:
+            conn = psycopg.connect(self._dsn, **self._connect_kwargs)
+            try:
+                self._configure_ledger(conn)
+                stack = ExitStack()
+                pipeline = stack.enter_context(conn.pipeline())
+            except BaseException:
+                conn.close()
+                raise
+        except psycopg.Error as exc:
+            raise self._translate(exc, "connect to the journal") from exc
+        self._behind_held = (conn, pipeline, stack)
+        self._behind_pid = os.getpid()
+        return conn, pipeline
+
+    def _drop_behind_session(self) -> None:
+        held, self._behind_held = self._behind_held, None
+        if held is None or self._behind_pid != os.getpid():
+            return
+        conn, _, stack = held
+        try:
+            stack.close()  # out of pipeline mode: reads what is left, or fails at once
+        except psycopg.Error:
+            pass  # a lost session: closing it is all there is to do
+        conn.close()
 
     def _configure_ledger(self, conn: _Conn) -> None:
         self._configure(conn)

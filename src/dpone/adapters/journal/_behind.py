@@ -1,0 +1,82 @@
+"""One journal write at a time, sent ahead of its answer (ADR 0017).
+
+The write's statements are sent and the caller goes on while the server runs them; its
+answer is read (the write *settled*) before any later use of the journal that could
+depend on it. What a failed write means is its caller's to say: ``settle`` hands its
+``DponeError`` to the ``on_failure`` the write was sent with and never raises it into
+the unrelated call that happened to settle it (any other exception is a bug, and
+raises).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from dpone.errors import DponeError
+
+__all__ = ["WriteBehind"]
+
+#: Reads a sent write's answer; raises its error.
+Finish = Callable[[], None]
+
+
+class WriteBehind:
+    """At most one write whose answer is not read yet."""
+
+    def __init__(self) -> None:
+        # held while a write is sent or its answer read: one session, one caller at a time
+        self._lock = threading.RLock()
+        self._pending: tuple[str, Finish, Callable[[DponeError], None]] | None = None
+        self._pid = os.getpid()
+
+    def submit(
+        self,
+        operation_id: str,
+        send: Callable[[], Finish],
+        *,
+        on_failure: Callable[[DponeError], None],
+    ) -> None:
+        """Settle the write before, then ``send`` this one; its answer is read later.
+
+        ``send`` raises for a write it could not send (nothing is pending then); it
+        returns what reads the answer.
+        """
+        self._adopt_fork()
+        with self._lock:
+            self._settle(None)
+            finish = send()
+            self._pending = (operation_id, finish, on_failure)
+
+    def settle(self, *, only: str | None = None) -> None:
+        """Read the pending write's answer; with ``only``, only a write of that operation.
+
+        ``only`` names the one operation a caller's statement touches (a lookup, or the
+        birth of a new entry with its new run): a write pending for another operation
+        cannot change what that statement reads or writes, so it stays pending.
+        """
+        if self._pending is None and self._pid == os.getpid():
+            return  # the usual case: nothing to read, no lock to take
+        self._adopt_fork()
+        with self._lock:
+            self._settle(only)
+
+    def _settle(self, only: str | None) -> None:
+        pending = self._pending
+        if pending is None or (only is not None and pending[0] != only):
+            return
+        self._pending = None
+        _, finish, on_failure = pending
+        try:
+            finish()
+        except DponeError as exc:  # the write's own outcome: its caller says what it means
+            on_failure(exc)
+
+    def _adopt_fork(self) -> None:
+        """In a forked child, forget the parent's write: its session is the parent's."""
+        if self._pid == os.getpid():
+            return
+        self._lock = threading.RLock()  # another thread may have held it at the fork
+        self._pending = None
+        self._pid = os.getpid()
