@@ -59,6 +59,12 @@ class Runner:
     ``run_operation`` is a Runner used once; keep a Runner when you run many small
     operations in one process (connection setup costs more than a small load).
 
+    In forward mode on a PostgreSQL journal, a pooled Runner sends a first attempt's
+    COMPLETE (which the target's fence proves) and returns without waiting for it; the
+    journal reads its answer before anything that could depend on it, and ``close``
+    reads the last one (ADR 0017). A COMPLETE that did not land is logged as a warning
+    naming the operation, whose next run completes the entry from the fence.
+
     Args:
         workload: a workload file path or an already loaded :class:`Workload`.
         environ: environment to resolve ``*_env`` references from (default ``os.environ``).

@@ -171,7 +171,9 @@ class DponeRunOperator(BaseOperator):  # type: ignore[misc]  # untyped without A
             environ=os.environ,
         )
         interval = self.interval or _interval_from(context)
-        with Runner(workload, environ=environ) as runner:
+        # one operation per task: one journal session, and COMPLETE read before the task
+        # ends (a Runner of many operations writes it behind the caller, ADR 0017)
+        with Runner(workload, environ=environ, pooled=False) as runner:
             return runner.run(
                 interval=interval,
                 partition=task.partition(self.partition),
