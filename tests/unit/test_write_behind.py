@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dpone.adapters.journal._behind import WriteBehind
@@ -66,10 +68,22 @@ def test_a_bug_while_reading_the_answer_raises() -> None:
         behind.settle()
 
 
-def test_a_forked_child_forgets_the_parents_write(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_forked_child_forgets_the_parents_write() -> None:
+    """In a real forked child: the parent's answer is the parent's to read."""
     log: list[str] = []
     behind = WriteBehind()
     behind.submit("op-a", _sender(log, "a"), on_failure=lambda exc: log.append("failed"))
-    monkeypatch.setattr("dpone.adapters.journal._behind.os.getpid", lambda: -1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            behind.settle()
+            os.write(write, ",".join(log).encode() or b"-")
+        finally:
+            os._exit(0)
+    os.close(write)
+    seen = os.read(read, 100).decode()
+    os.waitpid(pid, 0)
+    assert seen == "send a"  # the child read nothing
     behind.settle()
-    assert log == ["send a"]  # the parent's answer is the parent's to read
+    assert log == ["send a", "read a"]  # the parent still does

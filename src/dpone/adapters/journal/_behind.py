@@ -21,6 +21,17 @@ __all__ = ["WriteBehind"]
 #: Reads a sent write's answer; raises its error.
 Finish = Callable[[], None]
 
+# Bumped in every forked child: cheaper than asking the kernel for the pid on every call.
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks  # noqa: PLW0603 - the one counter every WriteBehind compares with
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class WriteBehind:
     """At most one write whose answer is not read yet."""
@@ -29,7 +40,7 @@ class WriteBehind:
         # held while a write is sent or its answer read: one session, one caller at a time
         self._lock = threading.RLock()
         self._pending: tuple[str, Finish, Callable[[DponeError], None]] | None = None
-        self._pid = os.getpid()
+        self._forks = _forks
 
     def submit(
         self,
@@ -56,8 +67,8 @@ class WriteBehind:
         birth of a new entry with its new run): a write pending for another operation
         cannot change what that statement reads or writes, so it stays pending.
         """
-        if self._pending is None and self._pid == os.getpid():
-            return  # the usual case: nothing to read, no lock to take
+        if self._pending is None:
+            return  # nothing to read (a forked child's parent write is forgotten below)
         self._adopt_fork()
         with self._lock:
             self._settle(only)
@@ -75,8 +86,8 @@ class WriteBehind:
 
     def _adopt_fork(self) -> None:
         """In a forked child, forget the parent's write: its session is the parent's."""
-        if self._pid == os.getpid():
+        if self._forks == _forks:
             return
         self._lock = threading.RLock()  # another thread may have held it at the fork
         self._pending = None
-        self._pid = os.getpid()
+        self._forks = _forks
