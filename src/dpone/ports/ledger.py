@@ -10,7 +10,13 @@ from dpone.contracts.journal import JournalEntry
 from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, RunState
 from dpone.contracts.states import CommitState
 
-__all__ = ["FoldingLedgerPort", "LookupLedgerPort", "RunEndingLedgerPort", "RunLedgerPort"]
+__all__ = [
+    "FindingLedgerPort",
+    "FoldingLedgerPort",
+    "LookupLedgerPort",
+    "RunEndingLedgerPort",
+    "RunLedgerPort",
+]
 
 
 class RunLedgerPort(Protocol):
@@ -97,6 +103,34 @@ class LookupLedgerPort(RunLedgerPort, Protocol):
 
         Raises:
             JournalUnavailable: the store could not be read.
+        """
+        ...
+
+
+class FindingLedgerPort(LookupLedgerPort, Protocol):
+    """A ledger that sends a new entry's birth with its lookup (forward mode, ADR 0018)."""
+
+    def find_run_or_create_committing(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[RunRecord | None, JournalEntry | None, bool]:
+        """``find_run``; and when it finds neither run nor entry, the entry born COMMITTING.
+
+        Returns ``(None, entry, True)`` for an entry born now, leased to ``actor`` at epoch
+        1 with the run RUNNING at attempt 1 (as ``create_committing_with_run``); else
+        ``(run, entry, False)`` as ``find_run`` read them, nothing written. ``(None,
+        None, False)``: another executor wrote one of them meanwhile; read again.
+
+        Raises:
+            JournalUnavailable: the store could not be read or written.
         """
         ...
 

@@ -191,18 +191,43 @@ class CommitProtocol:
         return RunMode.ATOMIC if self._atomic is not None else RunMode.FORWARD_RECOVERY
 
     # ------------------------------------------------------------------ entry point
+    def birth(self, spec: OperationSpec) -> dict[str, Any] | None:
+        """How a new entry of ``spec`` would be born, when the caller may write it first.
+
+        Forward mode with a journal that births entries COMMITTING, a target whose plan
+        check needs no read (it passed before) and none of the birth's failpoints armed:
+        the caller may send this birth with its lookup of the run (ADR 0018), then pass
+        the entry in as ``born``. Otherwise None: the caller reads, and ``run`` creates.
+        """
+        if self._forward_fold is None or failpoints.armed(*_BIRTH_POINTS):
+            return None
+        checked = getattr(self._connector, "plan_checked", None)
+        if checked is None or not checked(spec.plan):
+            return None
+        return {
+            "operation_id": spec.operation_id,
+            "intent_digest": spec.intent_digest,
+            "metadata": spec.metadata,
+            "actor": self._owner,
+            "lease_ttl_seconds": spec.lease_ttl_seconds,
+            "evidence": {"fence_epoch": _FIRST_EPOCH},
+        }
+
     def run(
         self,
         spec: OperationSpec,
         *,
         known: JournalEntry | Unread | None = UNREAD,
         run_fold: RunFold | None = None,
+        born: JournalEntry | None = None,
     ) -> OperationResult:
         """Run or resume ``spec`` until COMPLETE.
 
         ``known``: the entry as the caller just read it (None: no entry), saving the
         protocol's own read; every write still re-checks what it assumes. ``run_fold``:
-        the run ledger's rows for a folded atomic first attempt (ADR 0008).
+        the run ledger's rows for a folded atomic first attempt (ADR 0008). ``born``:
+        the entry the caller just created as ``birth`` said, with the run at attempt 1
+        (``run_fold.begun``, ADR 0018): it is taken as ``_create`` would have returned it.
 
         Raises:
             IntentConflict: the operation exists with another intent (before target I/O).
@@ -214,6 +239,8 @@ class CommitProtocol:
         """
         held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
         self._run_fold = run_fold
+        if born is not None:  # the plan check passed before the birth (``birth``)
+            return self._attempts(spec, born, self._after_birth(spec, born))
         existing = self._journal.get(spec.operation_id) if isinstance(known, Unread) else known
         if existing is None and self._fold is not None and self._may_fold(spec, run_fold):
             folded = self._atomic_first(spec, self._fold, run_fold)
@@ -238,19 +265,31 @@ class CommitProtocol:
                     self._decline_quietly(spec, run_fold)
                 raise
             existing = self._create(spec, run_fold)
-            self._check_intent(existing, spec)
-            # only this executor leases with its owner label: ours means born just now
-            if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
-                held = existing
-            self._emit(existing, "intent")
-            try:
-                failpoints.hit("after:journal.create")
-                if held is not None and held.state is S.COMMITTING:
-                    failpoints.hit("after:COMMITTING")
-            except DponeError:
-                if held is not None:
-                    self._release(held)
-                raise
+            held = self._after_birth(spec, existing)
+        return self._attempts(spec, existing, held)
+
+    def _after_birth(self, spec: OperationSpec, existing: JournalEntry) -> JournalEntry | None:
+        """The entry ``_create`` returned (or the caller's ``born``): ours when leased to us."""
+        self._check_intent(existing, spec)
+        held: JournalEntry | None = None
+        # only this executor leases with its owner label: ours means born just now
+        if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
+            held = existing
+        self._emit(existing, "intent")
+        try:
+            failpoints.hit("after:journal.create")
+            if held is not None and held.state is S.COMMITTING:
+                failpoints.hit("after:COMMITTING")
+        except DponeError:
+            if held is not None:
+                self._release(held)
+            raise
+        return held
+
+    def _attempts(
+        self, spec: OperationSpec, existing: JournalEntry, held: JournalEntry | None
+    ) -> OperationResult:
+        """Attempt until COMPLETE, starting over from the journal after a lost lease."""
         resumed = held is None and existing.lease_epoch > 0
         for restart in range(_MAX_RESTARTS):
             try:
@@ -1246,6 +1285,14 @@ def _queue_nothing(_txn: object) -> Collector:
     """Forward mode's queued ``within`` (its failpoint is not armed): nothing to send."""
     return _collected
 
+
+#: the failpoints of an entry's birth: with one armed, the protocol births it itself
+_BIRTH_POINTS = (
+    "before:journal.create",
+    "before:COMMITTING",
+    "after:journal.create",
+    "after:COMMITTING",
+)
 
 #: the failpoints a folded first attempt's ``within`` fires
 _WITHIN_POINTS = (

@@ -46,7 +46,12 @@ from dpone.errors import (
     RunKeyConflict,
     recovery_ref,
 )
-from dpone.ports.ledger import FoldingLedgerPort, LookupLedgerPort, RunLedgerPort
+from dpone.ports.ledger import (
+    FindingLedgerPort,
+    FoldingLedgerPort,
+    LookupLedgerPort,
+    RunLedgerPort,
+)
 from dpone.runtime._log import LazyLogger
 from dpone.runtime.commit_protocol import (
     UNREAD,
@@ -114,6 +119,14 @@ class RunService:
             if callable(getattr(ledger, "complete_run_writer", None))
             else None
         )
+        # ... and one that sends a new entry's birth with the lookup (ADR 0018)
+        self._finds_or_creates: FindingLedgerPort | None = (
+            cast(FindingLedgerPort, ledger)
+            if self._lookup is not None
+            and self._folding is not None
+            and callable(getattr(ledger, "find_run_or_create_committing", None))
+            else None
+        )
 
     def run(
         self, request: RunRequest, spec: OperationSpec, make_protocol: ProtocolFactory
@@ -156,7 +169,8 @@ class RunService:
         make_protocol: ProtocolFactory,
     ) -> OperationResult:
         tr = _Try(self, start, request)
-        known = tr.read()
+        protocol = make_protocol(tr.record_attempt)
+        known, born = self._look_up(tr, spec, protocol)
         if not tr.recorded and known is None and self._folding is not None:
             # a new run of a new operation: the protocol may write the run with its first
             # write (ADR 0008), or records it first (``decline``)
@@ -201,15 +215,17 @@ class RunService:
                 if behind is None
                 else functools.partial(behind, run_id=start.run_id, attempt=1),
             )
+            tr.fold.begun = born is not None  # the run and attempt 1 were born with it
         else:
             tr.ensure_run()
         fold = tr.fold
         try:
-            protocol = make_protocol(tr.record_attempt)
             if known is UNREAD and fold is None:
                 result = protocol.run(spec)
             else:
-                result = protocol.run(spec, known=cast("JournalEntry | None", known), run_fold=fold)
+                result = protocol.run(
+                    spec, known=cast("JournalEntry | None", known), run_fold=fold, born=born
+                )
         except LeaseHeld as exc:
             # in flight in another process: that attempt owns the run; record nothing
             exc.hint = exc.hint or f"run {tr.run_id} is in flight; rerun later to see it"
@@ -235,6 +251,27 @@ class RunService:
             tr.ensure_run()
         attempt = self._end(tr.run_id, tr.recorded, tr.mine, RunState.COMPLETE, None)
         return msgspec.structs.replace(result, run_id=tr.run_id, attempt=attempt or None)
+
+    def _look_up(
+        self, tr: _Try, spec: OperationSpec, protocol: CommitProtocol
+    ) -> tuple[JournalEntry | Unread | None, JournalEntry | None]:
+        """The run and entry this try finds, and the entry it had born with them if new.
+
+        Where the ledger and the protocol can, the lookup and a new entry's birth are sent
+        together (ADR 0018); else the run is read as always (``_Try.read``).
+        """
+        finder = self._finds_or_creates
+        birth = protocol.birth(spec) if finder is not None else None
+        if finder is None or birth is None:
+            return tr.read(), None
+        found, entry, born = finder.find_run_or_create_committing(
+            tr.start, provenance=tr.provenance, **birth
+        )
+        if born:
+            return None, entry
+        if found is None and entry is None:
+            return tr.read(), None  # created meanwhile by another executor: read it
+        return tr.take(found, entry), None
 
     def _end(
         self,
@@ -309,6 +346,14 @@ class _Try:
         self.fold: RunFold | None = None
 
     @property
+    def start(self) -> RunStart:
+        return self._start
+
+    @property
+    def provenance(self) -> SafeMapping | None:
+        return self._request.provenance
+
+    @property
     def run_id(self) -> str:
         return self.recorded[0].run_id if self.recorded else self._start.run_id
 
@@ -325,9 +370,13 @@ class _Try:
         found, entry = lookup.find_run(
             idempotency_key=start.idempotency_key, operation_id=start.operation_id
         )
+        return self.take(found, entry)
+
+    def take(self, found: RunRecord | None, entry: JournalEntry | None) -> JournalEntry | None:
+        """What a lookup found: the run under the key (checked) and the operation's entry."""
         if found is not None:
             self._service._emit(found, "replay")
-            check_replay(found, start)
+            check_replay(found, self._start)
             self.recorded.append(found)
         return entry
 

@@ -1072,6 +1072,17 @@ class PostgresConnector:
                 _check_table(cur, info, checked, plan.table)
                 self._verified.add(_verified_key(plan))
 
+    def plan_checked(self, plan: LoadPlan) -> bool:
+        """True when ``check_plan`` would pass without reading the target (it did before).
+
+        An optional ability: a caller may then write the journal before calling
+        ``check_plan`` (ADR 0018), which is still called and still refuses a bad plan.
+        """
+        try:
+            return _verified_key(plan) in self._verified
+        except TypeError:  # an unhashable value: never cached
+            return False
+
     def _explain_refusal(self, plan: LoadPlan, refused: DponeError) -> None:
         """Raise check_plan's precise error for a table that refused a cached plan."""
         try:

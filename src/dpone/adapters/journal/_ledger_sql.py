@@ -319,7 +319,7 @@ def _run_values(start: RunStart) -> tuple[object, ...]:
     )
 
 
-def first_attempt_ctes(d: LedgerDialect, *, complete: bool) -> str:
+def first_attempt_ctes(d: LedgerDialect, *, complete: bool, only_if: str | None = None) -> str:
     """CTEs ``run`` and ``attempt``: a new run at attempt 1 with that attempt, both
     COMPLETE or both RUNNING (ADR 0008). PostgreSQL only (data-modifying CTEs).
 
@@ -329,23 +329,31 @@ def first_attempt_ctes(d: LedgerDialect, *, complete: bool) -> str:
     first attempt, or the entry born COMMITTING leased at epoch 1 (forward mode). The run
     and its attempt exist exactly when that write does. A key already recorded is a
     unique violation: the whole statement (and its transaction) fails, and the caller
-    takes the unfolded path.
+    takes the unfolded path. ``only_if`` (an SQL condition, written as it is) makes the
+    run's INSERT write nothing unless it holds, with no error (ADR 0018).
     """
     if not d.postgres:
         raise ValueError("data-modifying CTEs need PostgreSQL")
     state = "'COMPLETE'" if complete else "'RUNNING'"
     ended = "NOW" if complete else "NULL"
-    return d.sql(
-        "run AS (INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, "
-        "request_hash, definition_hash, access_digest, access, provenance, state, "
-        "current_attempt, created_at, updated_at) VALUES (%(run_id)s, %(run_key)s, "
+    # every value is text or cast: a SELECT list infers no type from the target columns
+    values = (
+        "%(run_id)s, %(run_key)s, "
         "%(run_operation_id)s, %(run_request_hash)s, %(run_definition_hash)s, "
         "%(run_access_digest)s, %(run_access)s::jsonb, %(run_provenance)s::jsonb, "
-        f"{state}, 1, NOW, NOW) RETURNING run_id), "
+        f"{state}, 1, NOW, NOW"
+    )
+    rows = f"VALUES ({values})" if only_if is None else f"SELECT {values} WHERE {{only_if}}"
+    run = d.sql(
+        "run AS (INSERT INTO dpone_runs (run_id, idempotency_key, operation_id, "
+        "request_hash, definition_hash, access_digest, access, provenance, state, "
+        f"current_attempt, created_at, updated_at) {rows} RETURNING run_id), "
         "attempt AS (INSERT INTO dpone_run_attempts (run_id, attempt, owner, provenance, "
         "state, started_at, ended_at) SELECT run_id, 1, %(run_owner)s, "
         f"%(run_attempt_provenance)s::jsonb, {state}, NOW, {ended} FROM run)"
     )
+    # the condition is the caller's SQL: inserted after the dialect's rewriting
+    return run if only_if is None else run.replace("{only_if}", only_if)
 
 
 def first_attempt_sql(d: LedgerDialect, *, complete: bool) -> str:

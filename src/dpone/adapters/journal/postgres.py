@@ -195,6 +195,7 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 # ---------------------------------------------------------------------- SQL
 _RUN_WIDTH = 15  # columns of _ledger_sql.run_columns
+_ENTRY_WIDTH = 11  # columns of _entry_columns
 
 
 def _entry_columns(alias: str) -> str:
@@ -487,7 +488,15 @@ def _born_steps(state: CommitState) -> tuple[tuple[int, int, str | None, str, st
     )
 
 
-def _born_statement(j: str, t: str, state: CommitState, *, run_ctes: str = "") -> str:
+def _born_statement(
+    j: str,
+    t: str,
+    state: CommitState,
+    *,
+    run_ctes: str = "",
+    only_with_run: bool = False,
+    select: str | None = None,
+) -> str:
     """INSERT an entry born in ``state`` with its history, in ONE statement (ADR 0003).
 
     The history rows are the constant ``_born_steps(state)``, written into the statement
@@ -499,7 +508,9 @@ def _born_statement(j: str, t: str, state: CommitState, *, run_ctes: str = "") -
     run and its attempt 1 commit with the entry or not at all (ADR 0011).
 
     No ON CONFLICT: an existing entry (or run) is a unique violation, and inside a target
-    transaction it aborts the data too.
+    transaction it aborts the data too. ``only_with_run``: the entry is written only
+    when the CTE ``run`` wrote the run (its INSERT carries the guard, ADR 0018).
+    ``select`` replaces the statement's closing SELECT of the entry born (``created``).
     """
     kinds = {"create": "'{}'::jsonb", "lease": _LEASE_EVIDENCE, "fold": "%(evidence)s::jsonb"}
     steps = _born_steps(state)
@@ -513,6 +524,8 @@ def _born_statement(j: str, t: str, state: CommitState, *, run_ctes: str = "") -
     else:
         owner, ttl, result = "%(actor)s", "%(ttl)s::float8", "NULL::jsonb"
     head = f"WITH {run_ctes}, " if run_ctes else "WITH "
+    guard = " WHERE EXISTS (SELECT 1 FROM run)" if only_with_run else ""
+    closing = select or f"SELECT {_entry_columns('c')} FROM created AS c"
     return f"""
         {head}created AS (
             INSERT INTO {j} (operation_id, intent_digest, state, previous_state, version,
@@ -522,7 +535,7 @@ def _born_statement(j: str, t: str, state: CommitState, *, run_ctes: str = "") -
                    {_literal(CommitState.PREPARING.value)}, {_BORN_VERSION}, {owner}, 1,
                    clock.now + make_interval(secs => {ttl}),
                    %(metadata)s::jsonb, {result}, clock.now, clock.now
-            FROM (SELECT clock_timestamp() AS now) AS clock
+            FROM (SELECT clock_timestamp() AS now) AS clock{guard}
             RETURNING *
         ), history AS (
             INSERT INTO {t} ({_TRANSITION_INSERT})
@@ -532,7 +545,7 @@ def _born_statement(j: str, t: str, state: CommitState, *, run_ctes: str = "") -
             CROSS JOIN (VALUES {values})
                  AS step(version, seq, from_state, to_state, kind, evidence)
         )
-        SELECT {_entry_columns("c")} FROM created AS c
+        {closing}
     """
 
 
@@ -688,6 +701,35 @@ class PostgresCommitJournal:
             )
             for state in (CommitState.COMPLETE, CommitState.COMMITTING)
         }
+        # ... born COMMITTING only while neither the run's key nor the entry exists: the
+        # birth sent with the lookup, a no-op (no error) when the lookup finds either
+        self._born_unless_found = _born_statement(
+            f'"{schema}".dpone_journal',
+            f'"{schema}".dpone_transitions',
+            CommitState.COMMITTING,
+            run_ctes=_ledger_sql.first_attempt_ctes(
+                self._ledger_dialect,
+                complete=False,
+                only_if=(
+                    f'NOT EXISTS (SELECT 1 FROM "{schema}".dpone_runs '
+                    "WHERE idempotency_key = %(run_key)s) "
+                    f'AND NOT EXISTS (SELECT 1 FROM "{schema}".dpone_journal '
+                    "WHERE operation_id = %(operation_id)s)"
+                ),
+            ),
+            only_with_run=True,
+            # the run and entry as they were before this statement (its snapshot), and
+            # the entry it bore, side by side in one row
+            select=(
+                "SELECT r.*, e.*, b.* FROM (SELECT 1) AS one "
+                "LEFT JOIN LATERAL (SELECT "
+                f'{_ledger_sql.run_columns(self._ledger_dialect)} FROM "{schema}".dpone_runs '
+                "WHERE idempotency_key = %(run_key)s) AS r ON true "
+                f'LEFT JOIN LATERAL (SELECT {_entry_columns("j")} FROM "{schema}".dpone_journal '
+                "AS j WHERE j.operation_id = %(operation_id)s) AS e ON true "
+                f"LEFT JOIN LATERAL (SELECT {_entry_columns('c')} FROM created AS c) AS b ON true"
+            ),
+        )
         # the run under a key and the operation's entry, side by side in one row
         self._find_run = (
             "SELECT r.*, e.* FROM (SELECT 1) AS one "
@@ -907,6 +949,55 @@ class PostgresCommitJournal:
         if entry.intent_digest != intent_digest:
             raise _rules.intent_conflict(entry)
         return entry
+
+    def find_run_or_create_committing(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> tuple[RunRecord | None, JournalEntry | None, bool]:
+        """``find_run``, and ``create_committing_with_run`` unless it finds anything: one statement.
+
+        Forward mode's first attempt (ADR 0018). A birth guarded by the absence of both
+        the run's key and the entry, which returns the run and entry as they were before
+        it (its snapshot) beside the entry it bore; it writes nothing (and raises
+        nothing) when either exists. Returns ``(None, entry, True)``
+        for an entry born COMMITTING now with its run RUNNING at attempt 1, as
+        ``create_committing_with_run`` returns ``(entry, True)``; else ``(run, entry,
+        False)`` as ``find_run`` read them. Both None and False: another executor created
+        one of them between the two statements; nothing of this write was kept, and the
+        caller reads again.
+        """
+        params = self._committing_params(
+            operation_id, intent_digest, metadata, actor, lease_ttl_seconds, evidence
+        )
+        params.update(self._run_params(start, owner=actor, provenance=provenance))
+        statement = self._born_unless_found
+
+        def work(conn: _Conn) -> tuple[Any, ...] | None:
+            try:  # ONE statement: its own transaction on an autocommit session
+                return conn.execute(statement, params).fetchone()
+            except pg_errors.UniqueViolation:
+                return None  # created meanwhile: nothing of this write was kept
+
+        # Repeating is safe: a birth that did commit is then found by the lookup.
+        row = self._run(
+            "read the run and record the intent", work, repeatable=True, touching=operation_id
+        )
+        if row is None:
+            return None, None, False
+        width, born = _RUN_WIDTH, _RUN_WIDTH + _ENTRY_WIDTH
+        if row[born] is not None:
+            return None, _entry(tuple(row[born:])), True
+        run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
+        entry = None if row[width] is None else _entry(tuple(row[width:born]))
+        return run, entry, False
 
     def create_committing_with_run(
         self,
