@@ -62,8 +62,10 @@ class Runner:
     In forward mode on a PostgreSQL journal, a pooled Runner sends a first attempt's
     COMPLETE (which the target's fence proves) and returns without waiting for it; the
     journal reads its answer before anything that could depend on it, and ``close``
-    reads the last one (ADR 0017). A COMPLETE that did not land is logged as a warning
-    naming the operation, whose next run completes the entry from the fence.
+    reads the last one (ADR 0017). Until then another journal client may read the entry
+    COMMITTING. A COMPLETE whose answer is an error is logged as a warning naming the
+    operation, whose next run completes the entry from the fence; one that cannot be
+    sent fails ``run`` as a synchronous COMPLETE would.
 
     Args:
         workload: a workload file path or an already loaded :class:`Workload`.

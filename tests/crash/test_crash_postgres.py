@@ -492,13 +492,18 @@ with Runner(sys.argv[1]) as runner:
 """
 
 
-@pytest.mark.parametrize("failpoint", [None, "after:COMPLETE=kill"], ids=["returned", "sent"])
+@pytest.mark.parametrize(
+    ("failpoint", "refused"),
+    [(None, False), ("after:COMPLETE=kill", False), (None, True)],
+    ids=["returned", "sent", "refused"],
+)
 def test_kill_with_the_complete_behind_the_caller_then_rerun(
-    pg_available: str, tmp_path: Path, failpoint: str | None
+    pg_available: str, tmp_path: Path, failpoint: str | None, refused: bool
 ) -> None:
     """Forward mode through a Runner: the process dies with its COMPLETE sent and unread.
-    Whether the journal kept it (COMPLETE) or not (COMMITTING), a rerun ends COMPLETE
-    with every row exactly once and a run ledger that agrees."""
+    Whether the journal kept it (COMPLETE) or not (COMMITTING: ``refused`` makes the
+    journal refuse it, with a trigger), a rerun ends COMPLETE with every row exactly once
+    and a run ledger that agrees."""
     schema = f"b_{uuid.uuid4().hex[:10]}"
     route = Route(
         root=tmp_path,
@@ -508,6 +513,21 @@ def test_kill_with_the_complete_behind_the_caller_then_rerun(
     )
     try:
         route.workload(ttl=1)
+        s = f'"{schema}"'
+        if refused:
+            migrating = route.journal()
+            migrating.migrate()
+            migrating.close()
+            with psycopg.connect(route.journal_dsn, autocommit=True) as conn:
+                conn.execute(
+                    f"CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "IF NEW.state = 'COMPLETE' THEN RAISE EXCEPTION 'refused'; END IF; "
+                    "RETURN NEW; END $$"
+                )
+                conn.execute(
+                    f"CREATE TRIGGER refuse BEFORE UPDATE ON {s}.dpone_journal "
+                    f"FOR EACH ROW EXECUTE FUNCTION {s}.refuse()"
+                )
         argv = [sys.executable, "-c", BEHIND_CHILD, str(tmp_path / "w.yaml")]
         child = subprocess.run(
             [*argv, *([failpoint] if failpoint else [])],
@@ -522,9 +542,15 @@ def test_kill_with_the_complete_behind_the_caller_then_rerun(
         journal = route.journal()
         try:
             [entry] = journal.list_entries()
-            assert entry.state in (CommitState.COMPLETE, CommitState.COMMITTING), entry
+            if refused:
+                assert entry.state is CommitState.COMMITTING, entry
+            else:
+                assert entry.state in (CommitState.COMPLETE, CommitState.COMMITTING), entry
         finally:
             journal.close()
+        if refused:
+            with psycopg.connect(route.journal_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP TRIGGER refuse ON {s}.dpone_journal")
         time.sleep(1.2)  # a COMMITTING entry's lease (1 s) runs out
         outcome = run_until_done(RUN, cwd=tmp_path)
         assert outcome.final == 0, outcome.last_stderr

@@ -34,14 +34,19 @@ def journal(pg_available: str, pg_schema: str) -> Iterator[PostgresCommitJournal
     journal.close()
 
 
-def _birth(journal: PostgresCommitJournal, start: Any, operation_id: str | None = None) -> Any:
+def _birth(
+    journal: PostgresCommitJournal,
+    start: Any,
+    operation_id: str | None = None,
+    actor: str = OWNER,
+) -> Any:
     return journal.find_run_or_create_committing(
         start,
         provenance=CLI,
         operation_id=operation_id or start.operation_id,
         intent_digest=DIGEST,
         metadata={"workload_id": "orders"},
-        actor=OWNER,
+        actor=actor,
         lease_ttl_seconds=30,
         evidence={"fence_epoch": 1},
     )
@@ -60,7 +65,8 @@ def test_a_new_entry_is_born_with_its_run_and_found_afterwards(
     journal: PostgresCommitJournal, pg_available: str, pg_schema: str
 ) -> None:
     """Born: COMMITTING at epoch 1, leased, the run RUNNING at attempt 1, as the two-step
-    birth leaves them. Asked again: found, as ``find_run`` reads them, nothing written."""
+    birth leaves them. Repeated by the same executor: its own birth again. Asked by
+    another: found, as ``find_run`` reads them. Nothing is written twice."""
     start = new_start()
     run, entry, born = _birth(journal, start)
     assert (run, born) == (None, True)
@@ -81,7 +87,11 @@ def test_a_new_entry_is_born_with_its_run_and_found_afterwards(
     assert (recorded.state.value, recorded.current_attempt) == ("RUNNING", 1)
     assert [a.attempt for a in journal.attempts(start.run_id)] == [1]
     before = _counts(pg_available, pg_schema)
-    again = _birth(journal, start)
+    # the same call repeated (its reply lost): its own birth, nothing written again
+    assert _birth(journal, start) == (None, entry, True)
+    assert _counts(pg_available, pg_schema) == before
+    # another executor's lookup: found, as find_run reads them
+    again = _birth(journal, start, actor="host-b:2")
     assert again == (*journal.find_run(
         idempotency_key=start.idempotency_key, operation_id=start.operation_id
     ), False)  # fmt: skip

@@ -87,15 +87,46 @@ def _states(journal: str, schema: str, results: list[Any]) -> list[str]:
         store.close()
 
 
+def _slow_complete(journal: str, schema: str, seconds: float) -> None:
+    """Make every COMPLETE take ``seconds`` on the journal's server (a trigger)."""
+    s = f'"{schema}"'
+    with psycopg.connect(journal, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE FUNCTION {s}.slow_complete() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN IF NEW.state = 'COMPLETE' THEN PERFORM pg_sleep({seconds}); END IF; "
+            "RETURN NEW; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER slow_complete BEFORE UPDATE ON {s}.dpone_journal "
+            f"FOR EACH ROW EXECUTE FUNCTION {s}.slow_complete()"
+        )
+
+
+def _journal_of(runner: Runner) -> PostgresCommitJournal:
+    journal = runner._relational.journal  # type: ignore[union-attr]
+    assert isinstance(journal, PostgresCommitJournal)
+    return journal
+
+
 def test_a_pending_complete_is_read_before_the_same_operation_is_looked_up(
     forward: Any, pg_available: str, pg_schema: str
 ) -> None:
-    """A replay right behind the first attempt finds COMPLETE, never its own COMMITTING."""
+    """run() returns while its COMPLETE still runs on the server (held there 0.8 s); a
+    replay right behind it waits for that answer and finds COMPLETE, never its own
+    COMMITTING (which would be LeaseHeld: the lease is the finished attempt's)."""
     workload, journal = forward
     with Runner(workload) as runner:
+        runner.run(interval=INTERVAL, partition="2")  # the tables; the plan is checked
+        assert _journal_of(runner).completes_behind
+        _slow_complete(journal, pg_schema, 0.8)
+        started = time.monotonic()
         first = runner.run(interval=INTERVAL, partition="0")
+        returned = time.monotonic() - started
         again = runner.run(interval=INTERVAL, partition="0")  # the COMPLETE is still unread
+        replayed = time.monotonic() - started
         other = runner.run(interval=INTERVAL, partition="1")
+    assert returned < 0.6, returned  # not waiting for its COMPLETE
+    assert replayed > 0.75, replayed  # the replay waited for it
     assert (first.replayed, first.journal_version, first.state) == (False, 3, CommitState.COMPLETE)
     assert (again.replayed, again.journal_version) == (True, 3)
     assert not other.replayed
@@ -113,7 +144,44 @@ def test_a_pending_complete_is_read_before_the_same_operation_is_looked_up(
             assert problems == [], problems
     finally:
         store.close()
-    assert _rows(pg_available, pg_schema) == [0, 1, 2, 10, 11, 12]
+    assert _rows(pg_available, pg_schema) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
+
+
+def test_a_complete_sent_on_a_lost_session_is_made_again(
+    forward: Any, pg_available: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server ends the session a COMPLETE was sent on while it runs there (held by a
+    slow trigger), so neither the write nor its answer survives: reading the answer finds
+    the session lost and makes the same COMPLETE again on a pooled session. No warning,
+    every entry COMPLETE, every row once, a run ledger that agrees."""
+    workload, journal = forward
+    with caplog.at_level(logging.WARNING, logger="dpone"):
+        with Runner(workload) as runner:
+            done = [runner.run(interval=INTERVAL, partition="0")]
+            _slow_complete(journal, pg_schema, 30)
+            done.append(runner.run(interval=INTERVAL, partition="1"))  # its COMPLETE waits
+            behind = _journal_of(runner)._behind_held
+            assert behind is not None
+            pid = behind[0].info.backend_pid
+            with psycopg.connect(journal, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                while admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone() != (0,):
+                    time.sleep(0.05)
+                admin.execute(f'DROP TRIGGER slow_complete ON "{pg_schema}".dpone_journal')
+            assert _states(journal, pg_schema, done) == ["COMPLETE", "COMMITTING"]
+        # closing the Runner read the lost answer and made the COMPLETE again
+        assert [r.getMessage() for r in caplog.records if "COMPLETE" in r.getMessage()] == []
+    assert _states(journal, pg_schema, done) == ["COMPLETE", "COMPLETE"]
+    assert len(_rows(pg_available, pg_schema)) == 6
+    store = PostgresCommitJournal(journal, schema=pg_schema)
+    try:
+        for result in done:
+            problems = ledger_problems(store, operation_id=result.operation_id, journal_epoch=1)
+            assert problems == [], problems
+    finally:
+        store.close()
 
 
 def test_a_complete_that_does_not_land_is_finished_by_the_next_run(

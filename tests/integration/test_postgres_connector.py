@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from psycopg import sql
@@ -258,6 +259,30 @@ def test_check_plan_is_read_only(target: Target) -> None:
         connector.close()
     assert target.query("SELECT to_regnamespace(%s) IS NULL", (schema,)) == [(True,)]
     assert target.query("SELECT to_regclass('items') IS NULL") == [(True,)]
+
+
+def test_plan_checked_says_only_what_check_plan_would_pass_without_a_read(
+    target: Target,
+) -> None:
+    """Not before check_plan has verified the table; then True for that plan, and False
+    for a plan check_plan refuses even though its table and columns were verified."""
+    target.execute("CREATE TABLE items (id bigint, at timestamptz)")
+    columns = (
+        Column(name="id", type=ColumnType.INTEGER),
+        Column(name="at", type=ColumnType.TIMESTAMP),
+    )
+    connector = target.connector()
+    plan = target.plan(
+        LoadStrategy.REPLACE_INTERVAL, columns=columns, interval_column="at", interval=DAY1
+    )
+    assert not connector.plan_checked(plan)
+    connector.check_plan(plan)
+    assert connector.plan_checked(plan)
+    # the same table, strategy and columns, but no interval to replace: refused
+    refused = msgspec.structs.replace(plan, interval=None)
+    with pytest.raises(ConfigInvalid):
+        connector.check_plan(refused)
+    assert not connector.plan_checked(refused)
 
 
 def test_schema_mismatch_is_found_before_any_write(target: Target) -> None:

@@ -87,3 +87,34 @@ def test_a_forked_child_forgets_the_parents_write() -> None:
     assert seen == "send a"  # the child read nothing
     behind.settle()
     assert log == ["send a", "read a"]  # the parent still does
+
+
+def test_a_settle_waits_while_another_thread_reads_the_answer() -> None:
+    """The answer being read by one thread is still pending for the others: a lookup of
+    that operation from another thread waits until it has been read."""
+    import threading
+
+    reading, release = threading.Event(), threading.Event()
+    log: list[str] = []
+
+    def send():  # type: ignore[no-untyped-def]
+        def finish() -> None:
+            reading.set()
+            release.wait(5)
+            log.append("read a")
+
+        return finish
+
+    behind = WriteBehind()
+    behind.submit("op-a", send, on_failure=lambda exc: None)
+    first = threading.Thread(target=behind.settle)
+    first.start()
+    assert reading.wait(5)
+    second = threading.Thread(target=lambda: (behind.settle(only="op-a"), log.append("looked up")))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # waiting for the answer, not reading the journal yet
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert log == ["read a", "looked up"]

@@ -1075,12 +1075,14 @@ class PostgresConnector:
     def plan_checked(self, plan: LoadPlan) -> bool:
         """True when ``check_plan`` would pass without reading the target (it did before).
 
-        An optional ability: a caller may then write the journal before calling
-        ``check_plan`` (ADR 0018), which is still called and still refuses a bad plan.
+        An optional ability: a caller may then write the journal without calling
+        ``check_plan`` first (ADR 0018). False for a plan ``check_plan`` would refuse or
+        would have to read the target for.
         """
         try:
+            self._plan(plan)  # the plan's own checks (columns, key, interval)
             return _verified_key(plan) in self._verified
-        except TypeError:  # an unhashable value: never cached
+        except (DponeError, TypeError):  # refused, or an unhashable value (never cached)
             return False
 
     def _explain_refusal(self, plan: LoadPlan, refused: DponeError) -> None:

@@ -68,21 +68,31 @@ class WriteBehind:
         cannot change what that statement reads or writes, so it stays pending.
         """
         if self._pending is None:
-            return  # nothing to read (a forked child's parent write is forgotten below)
+            # nothing to read: a write is pending until its answer has been read (below),
+            # so another thread reading it makes this one wait for the lock instead
+            return
         self._adopt_fork()
         with self._lock:
             self._settle(only)
+
+    def close(self, then: Callable[[], None]) -> None:
+        """Read the pending answer, then ``then`` (closing the session), under the lock."""
+        self._adopt_fork()
+        with self._lock:
+            self._settle(None)
+            then()
 
     def _settle(self, only: str | None) -> None:
         pending = self._pending
         if pending is None or (only is not None and pending[0] != only):
             return
-        self._pending = None
         _, finish, on_failure = pending
         try:
             finish()
         except DponeError as exc:  # the write's own outcome: its caller says what it means
             on_failure(exc)
+        finally:
+            self._pending = None
 
     def _adopt_fork(self) -> None:
         """In a forked child, forget the parent's write: its session is the parent's."""

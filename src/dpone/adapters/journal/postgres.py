@@ -997,6 +997,17 @@ class PostgresCommitJournal:
             return None, _entry(tuple(row[born:])), True
         run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
         entry = None if row[width] is None else _entry(tuple(row[width:born]))
+        if (
+            run is not None
+            and entry is not None
+            and run.run_id == start.run_id
+            and run.current_attempt == 1
+            and entry.state is CommitState.COMMITTING
+            and entry.lease_owner == actor
+            and entry.lease_epoch == 1
+        ):
+            # this call's own birth, repeated after its reply was lost (``_run``): born
+            return None, entry, True
         return run, entry, False
 
     def create_committing_with_run(
@@ -1228,18 +1239,52 @@ class PostgresCommitJournal:
                 pipeline._enqueue_sync()
                 conn.wait(pipeline._communicate_gen())
             except psycopg.Error as exc:
+                # Sending also reads any answer already there. Not the session's loss: the
+                # statement's own answer came early; it is this write's error, read at
+                # settle like any other. The session, aborted mid-pipeline, is dropped.
                 cur.close()
+                lost = conn.broken or conn.closed
                 self._drop_behind_session()
-                raise self._translate(exc, action) from exc
+                if lost:
+                    raise self._translate(exc, action) from exc
+                refused, cause = self._translate(exc, action), exc
+
+                def answered() -> None:
+                    raise refused from cause
+
+                return answered
+
+            def again() -> tuple[Any, ...]:
+                # the session was lost (a server restart, an idle kill): its answer, and
+                # maybe the write, with it. The same CAS on a pooled session instead; if
+                # the first did land, the entry moved on and reads COMPLETE.
+                try:
+                    return self._run_now(
+                        action,
+                        lambda c: self._cas_row(c, query, params, expected_states=expected_states),
+                        repeatable=False,
+                        ledger=True,
+                    )
+                except JournalConflict as conflict:
+                    if conflict.current_state != CommitState.COMPLETE.value:
+                        raise
+                    return (True,)  # landed the first time: its run ended with it
 
             def finish() -> None:
                 try:
                     conn.wait(pipeline._fetch_gen(flush=False))
                     row = cur.fetchone()
                 except psycopg.Error as exc:
-                    if conn.broken or conn.closed:
-                        self._drop_behind_session()
-                    raise self._translate(exc, action) from exc
+                    if not (conn.broken or conn.closed):
+                        raise self._translate(exc, action) from exc
+                    self._drop_behind_session()
+                    row = again()
+                except Exception as exc:  # psycopg's private calls changed: a lost write
+                    self._drop_behind_session()
+                    raise JournalUnavailable(
+                        f"the journal write behind the caller could not be read back ({action})",
+                        operation_id=operation_id,
+                    ) from exc
                 finally:
                     cur.close()
                 if row is None:
@@ -1941,8 +1986,8 @@ class PostgresCommitJournal:
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Close the connection pool. Idempotent; a forked child leaves the parent's alone."""
-        self._behind.settle()  # the write behind the last caller is read first (ADR 0017)
-        self._drop_behind_session()
+        # the write behind the last caller is read first (ADR 0017), then its session closed
+        self._behind.close(then=self._drop_behind_session)
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
