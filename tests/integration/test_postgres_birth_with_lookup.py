@@ -65,8 +65,7 @@ def test_a_new_entry_is_born_with_its_run_and_found_afterwards(
     journal: PostgresCommitJournal, pg_available: str, pg_schema: str
 ) -> None:
     """Born: COMMITTING at epoch 1, leased, the run RUNNING at attempt 1, as the two-step
-    birth leaves them. Repeated by the same executor: its own birth again. Asked by
-    another: found, as ``find_run`` reads them. Nothing is written twice."""
+    birth leaves them. Asked again: found, as ``find_run`` reads them; nothing written."""
     start = new_start()
     run, entry, born = _birth(journal, start)
     assert (run, born) == (None, True)
@@ -87,10 +86,9 @@ def test_a_new_entry_is_born_with_its_run_and_found_afterwards(
     assert (recorded.state.value, recorded.current_attempt) == ("RUNNING", 1)
     assert [a.attempt for a in journal.attempts(start.run_id)] == [1]
     before = _counts(pg_available, pg_schema)
-    # the same call repeated (its reply lost): its own birth, nothing written again
-    assert _birth(journal, start) == (None, entry, True)
-    assert _counts(pg_available, pg_schema) == before
-    # another executor's lookup: found, as find_run reads them
+    # asked again (another executor, or the same one's next try): found, as find_run
+    # reads them, to be resumed or replayed
+    assert _birth(journal, start)[2] is False
     again = _birth(journal, start, actor="host-b:2")
     assert again == (*journal.find_run(
         idempotency_key=start.idempotency_key, operation_id=start.operation_id
@@ -98,6 +96,30 @@ def test_a_new_entry_is_born_with_its_run_and_found_afterwards(
     assert again[0] is not None
     assert again[1] == journal.get(start.operation_id)
     assert _counts(pg_available, pg_schema) == before
+
+
+def test_a_birth_repeated_after_its_reply_was_lost_is_its_own(
+    journal: PostgresCommitJournal,
+    pg_available: str,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The statement committed, its reply was lost and ``_run`` sent it again (a lost
+    session): the repeat finds this call's own entry and run, and says born."""
+    real = PostgresCommitJournal._run_now
+
+    def lose_the_first_reply(self: Any, action: str, work: Any, **kw: Any) -> Any:
+        if action == "read the run and record the intent":
+            real(self, action, work, **kw)  # committed; its reply never reaches the caller
+        return real(self, action, work, **kw)
+
+    monkeypatch.setattr(PostgresCommitJournal, "_run_now", lose_the_first_reply)
+    start = new_start()
+    run, entry, born = _birth(journal, start)
+    assert (run, born) == (None, True)
+    assert (entry.state, entry.lease_owner, entry.lease_epoch) == (CommitState.COMMITTING, OWNER, 1)
+    assert [a.attempt for a in journal.attempts(start.run_id)] == [1]
+    assert _counts(pg_available, pg_schema) == (1, 1, 1, 4)
 
 
 def test_nothing_is_born_when_only_the_entry_or_only_the_run_exists(

@@ -118,3 +118,13 @@ def test_a_settle_waits_while_another_thread_reads_the_answer() -> None:
     first.join(5)
     second.join(5)
     assert log == ["read a", "looked up"]
+
+
+def test_nothing_is_sent_behind_once_closed() -> None:
+    """close() reads the pending answer; a later submit sends nothing and says so."""
+    log: list[str] = []
+    behind = WriteBehind()
+    assert behind.submit("op-a", _sender(log, "a"), on_failure=lambda exc: None)
+    behind.close(then=lambda: log.append("closed"))
+    assert not behind.submit("op-b", _sender(log, "b"), on_failure=lambda exc: None)
+    assert log == ["send a", "read a", "closed"]

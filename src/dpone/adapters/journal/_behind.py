@@ -33,6 +33,10 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+def _nothing() -> None:
+    """The answer of a write still being sent (never read: the sender holds the lock)."""
+
+
 class WriteBehind:
     """At most one write whose answer is not read yet."""
 
@@ -40,6 +44,7 @@ class WriteBehind:
         # held while a write is sent or its answer read: one session, one caller at a time
         self._lock = threading.RLock()
         self._pending: tuple[str, Finish, Callable[[DponeError], None]] | None = None
+        self._closed = False
         self._forks = _forks
 
     def submit(
@@ -48,17 +53,27 @@ class WriteBehind:
         send: Callable[[], Finish],
         *,
         on_failure: Callable[[DponeError], None],
-    ) -> None:
+    ) -> bool:
         """Settle the write before, then ``send`` this one; its answer is read later.
 
         ``send`` raises for a write it could not send (nothing is pending then); it
-        returns what reads the answer.
+        returns what reads the answer. False, sending nothing, once closed: the caller
+        then writes the way it would without this.
         """
         self._adopt_fork()
         with self._lock:
+            if self._closed:
+                return False
             self._settle(None)
-            finish = send()
+            # pending while it is being sent: another thread's settle waits for the lock
+            self._pending = (operation_id, _nothing, on_failure)
+            try:
+                finish = send()
+            except BaseException:
+                self._pending = None
+                raise
             self._pending = (operation_id, finish, on_failure)
+            return True
 
     def settle(self, *, only: str | None = None) -> None:
         """Read the pending write's answer; with ``only``, only a write of that operation.
@@ -76,9 +91,10 @@ class WriteBehind:
             self._settle(only)
 
     def close(self, then: Callable[[], None]) -> None:
-        """Read the pending answer, then ``then`` (closing the session), under the lock."""
+        """Read the pending answer, then ``then`` (closing the session); no later submit."""
         self._adopt_fork()
         with self._lock:
+            self._closed = True
             self._settle(None)
             then()
 

@@ -980,13 +980,16 @@ class PostgresCommitJournal:
         params.update(self._run_params(start, owner=actor, provenance=provenance))
         statement = self._born_unless_found
 
+        sent: list[bool] = []
+
         def work(conn: _Conn) -> tuple[Any, ...] | None:
+            sent.append(True)
             try:  # ONE statement: its own transaction on an autocommit session
                 return conn.execute(statement, params).fetchone()
             except pg_errors.UniqueViolation:
                 return None  # created meanwhile: nothing of this write was kept
 
-        # Repeating is safe: a birth that did commit is then found by the lookup.
+        # Repeating is safe: a birth that did commit is then found by the lookup (below).
         row = self._run(
             "read the run and record the intent", work, repeatable=True, touching=operation_id
         )
@@ -998,7 +1001,8 @@ class PostgresCommitJournal:
         run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
         entry = None if row[width] is None else _entry(tuple(row[width:born]))
         if (
-            run is not None
+            len(sent) > 1
+            and run is not None
             and entry is not None
             and run.run_id == start.run_id
             and run.current_attempt == 1
@@ -1006,7 +1010,9 @@ class PostgresCommitJournal:
             and entry.lease_owner == actor
             and entry.lease_epoch == 1
         ):
-            # this call's own birth, repeated after its reply was lost (``_run``): born
+            # this call's own birth, repeated after its reply was lost (``_run``): born.
+            # Only then: the same owner's earlier try of the run (``call_with_retries``)
+            # left this too, and that one is resumed, as after any lookup.
             return None, entry, True
         return run, entry, False
 
@@ -1259,15 +1265,20 @@ class PostgresCommitJournal:
                 # maybe the write, with it. The same CAS on a pooled session instead; if
                 # the first did land, the entry moved on and reads COMPLETE.
                 try:
+                    # repeatable: the pool's idle sessions may be lost too, and a repeat of
+                    # a CAS that landed is a conflict, judged below
                     return self._run_now(
                         action,
                         lambda c: self._cas_row(c, query, params, expected_states=expected_states),
-                        repeatable=False,
+                        repeatable=True,
                         ledger=True,
                     )
                 except JournalConflict as conflict:
-                    if conflict.current_state != CommitState.COMPLETE.value:
-                        raise
+                    if (
+                        conflict.current_state != CommitState.COMPLETE.value
+                        or conflict.current_version != expected_version + 1
+                    ):
+                        raise  # not (only) this write's COMPLETE: another executor's
                     return (True,)  # landed the first time: its run ended with it
 
             def finish() -> None:
@@ -1302,7 +1313,19 @@ class PostgresCommitJournal:
 
             return finish
 
-        self._behind.submit(operation_id, send, on_failure=on_failure)
+        if not self._behind.submit(operation_id, send, on_failure=on_failure):
+            # closed: written now, as without this (and refused as closed from here on)
+            self.complete_proven_ending_run(
+                run_id=run_id,
+                attempt=attempt,
+                operation_id=operation_id,
+                expected_version=expected_version,
+                expected_states=expected_states,
+                lease_epoch=lease_epoch,
+                actor=actor,
+                result=result,
+                evidence=evidence,
+            )
 
     def compare_and_set_within(
         self,
