@@ -1168,7 +1168,9 @@ class PostgresCommitJournal:
             ``(entry, run_ended)``: ``run_ended`` False when the run was not at
             ``attempt`` (the caller ends it the ordinary way, which says why).
         """
-        query, params = self._complete_statement(
+        query, params = self._ending_statement(
+            run_id=run_id,
+            attempt=attempt,
             operation_id=operation_id,
             expected_version=expected_version,
             expected_states=expected_states,
@@ -1176,9 +1178,7 @@ class PostgresCommitJournal:
             actor=actor,
             evidence=evidence,
             result=result,
-            ending_run=True,
         )
-        params.update(end_run_id=run_id, end_attempt=int(attempt))
         # Never repeated (as complete_proven)
         row = self._run(
             "write the journal state and end the run",
@@ -1211,7 +1211,7 @@ class PostgresCommitJournal:
         result: Mapping[str, object],
         evidence: Mapping[str, object] | None = None,
     ) -> None:
-        """``complete_proven_ending_run``, written on a worker thread behind the caller.
+        """``complete_proven_ending_run``, sent now and its answer read later.
 
         Only for a COMPLETE the target's fence proves (ADR 0017): losing it leaves the
         entry COMMITTING, which the next run of the operation completes from the fence,
@@ -1221,7 +1221,9 @@ class PostgresCommitJournal:
         read or move what it writes; a failure, or a run the write did not end, goes to
         ``on_failure`` then, and never to the unrelated call that settled it.
         """
-        query, params = self._complete_statement(
+        query, params = self._ending_statement(
+            run_id=run_id,
+            attempt=attempt,
             operation_id=operation_id,
             expected_version=expected_version,
             expected_states=expected_states,
@@ -1229,9 +1231,7 @@ class PostgresCommitJournal:
             actor=actor,
             evidence=evidence,
             result=result,
-            ending_run=True,
         )
-        params.update(end_run_id=run_id, end_attempt=int(attempt))
 
         action = "write the journal state and end the run"
 
@@ -2137,6 +2137,14 @@ class PostgresCommitJournal:
             atomic=False,
             ending_run=ending_run,
         )
+
+    def _ending_statement(
+        self, *, run_id: str, attempt: int, **cas: Any
+    ) -> tuple[str, dict[str, Any]]:
+        """``_complete_statement`` that also ends the run's ``attempt`` (ADR 0013)."""
+        query, params = self._complete_statement(**cas, ending_run=True)
+        params.update(end_run_id=run_id, end_attempt=int(attempt))
+        return query, params
 
     def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
         """Refuse a target transaction that is not open or not in this journal's database."""
