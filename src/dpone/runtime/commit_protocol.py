@@ -204,6 +204,10 @@ class CommitProtocol:
         checked = getattr(self._connector, "plan_checked", None)
         if checked is None or not checked(spec.plan):
             return None
+        return self._committing_birth(spec)
+
+    def _committing_birth(self, spec: OperationSpec) -> dict[str, Any]:
+        """The arguments of an entry born COMMITTING, leased to us at epoch 1 (ADR 0003)."""
         return {
             "operation_id": spec.operation_id,
             "intent_digest": spec.intent_digest,
@@ -237,7 +241,6 @@ class CommitProtocol:
             DponeError: any other failure, typed, with the primary cause preserved.
 
         """
-        held: JournalEntry | None = None  # an entry born with our lease (one write, not two)
         self._run_fold = run_fold
         if born is not None:  # the plan check passed before the birth (``birth``)
             return self._attempts(spec, born, self._after_birth(spec, born))
@@ -265,8 +268,9 @@ class CommitProtocol:
                     self._decline_quietly(spec, run_fold)
                 raise
             existing = self._create(spec, run_fold)
-            held = self._after_birth(spec, existing)
-        return self._attempts(spec, existing, held)
+            # an entry born with our lease (one write, not two)
+            return self._attempts(spec, existing, self._after_birth(spec, existing))
+        return self._attempts(spec, existing, None)
 
     def _after_birth(self, spec: OperationSpec, existing: JournalEntry) -> JournalEntry | None:
         """The entry ``_create`` returned (or the caller's ``born``): ours when leased to us."""
@@ -320,27 +324,13 @@ class CommitProtocol:
             failpoints.hit("before:COMMITTING")
             if run_fold is not None and run_fold.create_committing is not None:
                 # the new run and its attempt 1 in the same journal write (ADR 0008)
-                entry, recorded = run_fold.create_committing(
-                    operation_id=spec.operation_id,
-                    intent_digest=spec.intent_digest,
-                    metadata=spec.metadata,
-                    actor=self._owner,
-                    lease_ttl_seconds=spec.lease_ttl_seconds,
-                    evidence={"fence_epoch": _FIRST_EPOCH},
-                )
+                entry, recorded = run_fold.create_committing(**self._committing_birth(spec))
                 if recorded:
                     run_fold.begun = True
                 else:
                     run_fold.decline()
                 return entry
-            return self._forward_fold.create_committing(
-                operation_id=spec.operation_id,
-                intent_digest=spec.intent_digest,
-                metadata=spec.metadata,
-                actor=self._owner,
-                lease_ttl_seconds=spec.lease_ttl_seconds,
-                evidence={"fence_epoch": _FIRST_EPOCH},
-            )
+            return self._forward_fold.create_committing(**self._committing_birth(spec))
         if run_fold is not None:
             run_fold.decline()
         return self._journal.create_intent(
@@ -1001,6 +991,14 @@ class CommitProtocol:
         failpoints.hit(f"before:{next_state.value}")
         final = next_state is S.COMPLETE  # the lease ends with the operation, same write
         ending = self._run_fold
+        # the move every branch writes: this entry, as read, at its epoch, by us
+        moved: dict[str, Any] = {
+            "operation_id": entry.operation_id,
+            "expected_version": entry.version,
+            "expected_states": frozenset({entry.state}),
+            "lease_epoch": entry.lease_epoch,
+            "actor": self._owner,
+        }
         if (
             final
             and proven
@@ -1013,48 +1011,25 @@ class CommitProtocol:
         ):
             # attempt 1, recorded with the entry, ends COMPLETE in this write (ADR 0013)
             if ending.complete_proven_behind is not None:
-                new = self._complete_behind(ending.complete_proven_behind, entry, result, evidence)
+                new = self._complete_behind(
+                    ending.complete_proven_behind, entry, moved, result=result, evidence=evidence
+                )
                 ending.committed = True
             else:
                 new, ending.committed = ending.complete_proven(
-                    operation_id=entry.operation_id,
-                    expected_version=entry.version,
-                    expected_states=frozenset({entry.state}),
-                    lease_epoch=entry.lease_epoch,
-                    actor=self._owner,
-                    result=result or {},
-                    evidence=evidence,
+                    **moved, result=result or {}, evidence=evidence
                 )
         elif final and proven and checkpoint is None and self._proven is not None:
-            new = self._proven.complete_proven(
-                operation_id=entry.operation_id,
-                expected_version=entry.version,
-                expected_states=frozenset({entry.state}),
-                lease_epoch=entry.lease_epoch,
-                actor=self._owner,
-                result=result or {},
-                evidence=evidence,
-            )
+            new = self._proven.complete_proven(**moved, result=result or {}, evidence=evidence)
         elif final and checkpoint is not None:
             # the watermark moves in the same journal transaction as COMPLETE
             new = self._checkpoints(self._journal).complete_with_checkpoint(
-                operation_id=entry.operation_id,
-                expected_version=entry.version,
-                expected_states=frozenset({entry.state}),
-                lease_epoch=entry.lease_epoch,
-                actor=self._owner,
-                checkpoint=checkpoint,
-                evidence=evidence,
-                result=result,
+                **moved, checkpoint=checkpoint, evidence=evidence, result=result
             )
         else:
             new = self._journal.compare_and_set(
-                operation_id=entry.operation_id,
-                expected_version=entry.version,
-                expected_states=frozenset({entry.state}),
+                **moved,
                 next_state=next_state,
-                lease_epoch=entry.lease_epoch,
-                actor=self._owner,
                 evidence=evidence,
                 result=result,
                 release_lease=final,
@@ -1069,6 +1044,8 @@ class CommitProtocol:
         self,
         write: Callable[..., None],
         entry: JournalEntry,
+        moved: dict[str, Any],
+        *,
         result: Mapping[str, object] | None,
         evidence: Mapping[str, object] | None,
     ) -> JournalEntry:
@@ -1091,16 +1068,7 @@ class CommitProtocol:
                 extra={"dpone": {"operation_id": operation_id, "event": "secondary"}},
             )
 
-        write(
-            on_failure=failed,
-            operation_id=operation_id,
-            expected_version=entry.version,
-            expected_states=frozenset({entry.state}),
-            lease_epoch=entry.lease_epoch,
-            actor=self._owner,
-            result=result or {},
-            evidence=evidence,
-        )
+        write(**moved, on_failure=failed, result=result or {}, evidence=evidence)
         return msgspec.structs.replace(
             entry,
             state=S.COMPLETE,

@@ -170,7 +170,7 @@ class RunService:
     ) -> OperationResult:
         tr = _Try(self, start, request)
         protocol = make_protocol(tr.record_attempt)
-        known, born = self._look_up(tr, spec, protocol)
+        known, born = tr.look_up(spec, protocol)
         if not tr.recorded and known is None and self._folding is not None:
             # a new run of a new operation: the protocol may write the run with its first
             # write (ADR 0008), or records it first (``decline``)
@@ -252,27 +252,6 @@ class RunService:
         attempt = self._end(tr.run_id, tr.recorded, tr.mine, RunState.COMPLETE, None)
         return msgspec.structs.replace(result, run_id=tr.run_id, attempt=attempt or None)
 
-    def _look_up(
-        self, tr: _Try, spec: OperationSpec, protocol: CommitProtocol
-    ) -> tuple[JournalEntry | Unread | None, JournalEntry | None]:
-        """The run and entry this try finds, and the entry it had born with them if new.
-
-        Where the ledger and the protocol can, the lookup and a new entry's birth are sent
-        together (ADR 0018); else the run is read as always (``_Try.read``).
-        """
-        finder = self._finds_or_creates
-        birth = protocol.birth(spec) if finder is not None else None
-        if finder is None or birth is None:
-            return tr.read(), None
-        found, entry, born = finder.find_run_or_create_committing(
-            tr.start, provenance=tr.provenance, **birth
-        )
-        if born:
-            return None, entry
-        if found is None and entry is None:
-            return tr.read(), None  # created meanwhile by another executor: read it
-        return tr.take(found, entry), None
-
     def _end(
         self,
         run_id: str,
@@ -346,14 +325,6 @@ class _Try:
         self.fold: RunFold | None = None
 
     @property
-    def start(self) -> RunStart:
-        return self._start
-
-    @property
-    def provenance(self) -> SafeMapping | None:
-        return self._request.provenance
-
-    @property
     def run_id(self) -> str:
         return self.recorded[0].run_id if self.recorded else self._start.run_id
 
@@ -370,9 +341,30 @@ class _Try:
         found, entry = lookup.find_run(
             idempotency_key=start.idempotency_key, operation_id=start.operation_id
         )
-        return self.take(found, entry)
+        return self._take(found, entry)
 
-    def take(self, found: RunRecord | None, entry: JournalEntry | None) -> JournalEntry | None:
+    def look_up(
+        self, spec: OperationSpec, protocol: CommitProtocol
+    ) -> tuple[JournalEntry | Unread | None, JournalEntry | None]:
+        """``read``, and the entry this try had born with the run when they were new.
+
+        Where the ledger and the protocol can, the lookup and a new entry's birth are one
+        statement (ADR 0018); else the run is read as always.
+        """
+        finder = self._service._finds_or_creates
+        birth = protocol.birth(spec) if finder is not None else None
+        if finder is None or birth is None:
+            return self.read(), None
+        found, entry, born = finder.find_run_or_create_committing(
+            self._start, provenance=self._request.provenance, **birth
+        )
+        if born:
+            return None, entry
+        if found is None and entry is None:
+            return self.read(), None  # created meanwhile by another executor: read it
+        return self._take(found, entry), None
+
+    def _take(self, found: RunRecord | None, entry: JournalEntry | None) -> JournalEntry | None:
         """What a lookup found: the run under the key (checked) and the operation's entry."""
         if found is not None:
             self._service._emit(found, "replay")

@@ -720,25 +720,14 @@ class PostgresCommitJournal:
             only_with_run=True,
             # the run and entry as they were before this statement (its snapshot), and
             # the entry it bore, side by side in one row
-            select=(
-                "SELECT r.*, e.*, b.* FROM (SELECT 1) AS one "
-                "LEFT JOIN LATERAL (SELECT "
-                f'{_ledger_sql.run_columns(self._ledger_dialect)} FROM "{schema}".dpone_runs '
-                "WHERE idempotency_key = %(run_key)s) AS r ON true "
-                f'LEFT JOIN LATERAL (SELECT {_entry_columns("j")} FROM "{schema}".dpone_journal '
-                "AS j WHERE j.operation_id = %(operation_id)s) AS e ON true "
-                f"LEFT JOIN LATERAL (SELECT {_entry_columns('c')} FROM created AS c) AS b ON true"
+            select=self._run_and_entry_sql(
+                "%(run_key)s",
+                "%(operation_id)s",
+                born=f"LEFT JOIN LATERAL (SELECT {_entry_columns('c')} FROM created AS c) AS b",
             ),
         )
         # the run under a key and the operation's entry, side by side in one row
-        self._find_run = (
-            "SELECT r.*, e.* FROM (SELECT 1) AS one "
-            "LEFT JOIN LATERAL (SELECT "
-            f'{_ledger_sql.run_columns(self._ledger_dialect)} FROM "{schema}".dpone_runs '
-            "WHERE idempotency_key = %s) AS r ON true "
-            f'LEFT JOIN LATERAL (SELECT {_entry_columns("j")} FROM "{schema}".dpone_journal '
-            "AS j WHERE j.operation_id = %s) AS e ON true"
-        )
+        self._find_run = self._run_and_entry_sql("%s", "%s")
         self._where = f"the PostgreSQL journal {self._locator} (schema {schema})"
         # the last new run's checked values (``_run_params``)
         self._run_memo: tuple[RunStart, str, SafeMapping | None, dict[str, object]] | None = None
@@ -764,6 +753,20 @@ class PostgresCommitJournal:
         # target transaction must show the same one to join atomic mode.
         self._server: str | None = None
         self._same_server: dict[tuple[str, int, str], bool] = {}
+
+    def _run_and_entry_sql(self, key: str, operation: str, *, born: str = "") -> str:
+        """SELECT the run under ``key`` and the entry of ``operation`` side by side in one row
+        (each all NULL when absent); ``born`` joins one more entry's columns after them."""
+        schema = self._schema
+        return (
+            f"SELECT r.*, e.*{', b.*' if born else ''} FROM (SELECT 1) AS one "
+            "LEFT JOIN LATERAL (SELECT "
+            f'{_ledger_sql.run_columns(self._ledger_dialect)} FROM "{schema}".dpone_runs '
+            f"WHERE idempotency_key = {key}) AS r ON true "
+            f'LEFT JOIN LATERAL (SELECT {_entry_columns("j")} FROM "{schema}".dpone_journal '
+            f"AS j WHERE j.operation_id = {operation}) AS e ON true"
+            + (f" {born} ON true" if born else "")
+        )
 
     # ------------------------------------------------------------------ identity
     @property
@@ -971,8 +974,8 @@ class PostgresCommitJournal:
         for an entry born COMMITTING now with its run RUNNING at attempt 1, as
         ``create_committing_with_run`` returns ``(entry, True)``; else ``(run, entry,
         False)`` as ``find_run`` read them. Both None and False: another executor created
-        one of them between the two statements; nothing of this write was kept, and the
-        caller reads again.
+        one of them after this statement's snapshot; nothing of this write was kept, and
+        the caller reads again.
         """
         params = self._committing_params(
             operation_id, intent_digest, metadata, actor, lease_ttl_seconds, evidence
@@ -995,11 +998,10 @@ class PostgresCommitJournal:
         )
         if row is None:
             return None, None, False
-        width, born = _RUN_WIDTH, _RUN_WIDTH + _ENTRY_WIDTH
+        born = _RUN_WIDTH + _ENTRY_WIDTH
         if row[born] is not None:
             return None, _entry(tuple(row[born:])), True
-        run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
-        entry = None if row[width] is None else _entry(tuple(row[width:born]))
+        run, entry = _run_and_entry(row[:born])
         if (
             len(sent) > 1
             and run is not None
@@ -1906,10 +1908,7 @@ class PostgresCommitJournal:
             touching=operation_id,
         )
         assert row is not None  # noqa: S101 - the outer SELECT always returns one row
-        width = _RUN_WIDTH
-        run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
-        entry = None if row[width] is None else _entry(tuple(row[width:]))
-        return run, entry
+        return _run_and_entry(row)
 
     def complete_run_writer(
         self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
@@ -2665,3 +2664,11 @@ if TYPE_CHECKING:
 
     def _ends_runs(journal: PostgresCommitJournal) -> RunEndingLedgerPort:
         return journal
+
+
+def _run_and_entry(row: tuple[Any, ...]) -> tuple[RunRecord | None, JournalEntry | None]:
+    """The run and the entry of a ``_run_and_entry_sql`` row (None where all NULL)."""
+    width = _RUN_WIDTH
+    run = None if row[0] is None else _ledger_sql.run_from_row(tuple(row[:width]))
+    entry = None if row[width] is None else _entry(tuple(row[width : width + _ENTRY_WIDTH]))
+    return run, entry
