@@ -18,49 +18,13 @@ import pytest
 
 from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.api import Runner
-from dpone.config.workload import Workload, parse_workload
+from dpone.config.workload import replace
 from dpone.contracts.states import CommitState
 from dpone.testing.crash import check_history
 from dpone.testing.ledger_conformance import ledger_problems
+from tests.integration.test_postgres_small_ops import _csv, _workload
 
 INTERVAL = "2026-11-01/2026-11-02"
-HEADER = "order_id,customer,amount,ordered_at\n"
-
-
-def _csv(path: Path, first: int, rows: int = 3) -> None:
-    lines = [f"{i},c{i},{i}.5,2026-11-01T0{i % 10}:00:00Z" for i in range(first, first + rows)]
-    path.write_text(HEADER + "\n".join(lines) + "\n", encoding="utf-8")
-
-
-def _workload(root: Path, dsn: str, schema: str, journal: str) -> Workload:
-    return parse_workload(
-        {
-            "workload": "behind",
-            "release": "r1",
-            "deployment": "d1",
-            "journal": journal,
-            "journal_schema": schema,
-            "lease_ttl_seconds": 1.0,
-            "source": {
-                "kind": "csv",
-                "path": "p{partition}.csv",
-                "columns": {
-                    "order_id": "integer",
-                    "customer": "text",
-                    "amount": "real",
-                    "ordered_at": "timestamp",
-                },
-            },
-            "target": {
-                "kind": "postgres",
-                "url": dsn,
-                "table": f"{schema}.orders",
-                "fence_schema": schema,
-            },
-            "load": {"strategy": "append"},
-        },
-        base_dir=root,
-    )
 
 
 @pytest.fixture
@@ -68,7 +32,8 @@ def forward(tmp_path: Path, pg_available: str, pg_schema: str) -> Any:
     for i in range(4):
         _csv(tmp_path / f"p{i}.csv", first=i * 10)
     journal = pg_available.rsplit("/", 1)[0] + "/postgres"
-    yield _workload(tmp_path, pg_available, pg_schema, journal), journal
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal)
+    yield replace(workload, lease_ttl_seconds=1.0), journal
     with psycopg.connect(journal, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
 
