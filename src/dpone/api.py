@@ -25,7 +25,7 @@ from dpone.errors import ConfigInvalid
 from dpone.runtime.commit_protocol import CommitProtocol
 from dpone.runtime.executor import new_owner
 from dpone.runtime.retry import call_with_retries
-from dpone.runtime.run import RunService
+from dpone.runtime.run import NewStreak, RunService
 
 if TYPE_CHECKING:
     # Annotations only: a load never imports the delivery contracts (``__getattr__``).
@@ -90,6 +90,8 @@ class Runner:
         self._hot: tuple[Workload, RetryPolicy, RunLedgerPort] | None = None
         self._default_provenance: Provenance | None = None
         self._intervals: dict[str, Interval] = {}  # parsed intervals (frozen values)
+        # new operations in a row: the next is tried before a lookup (ADR 0019)
+        self._streak = NewStreak()
         if isinstance(self.workload.target, RestTargetConfig):
             from dpone.config.delivery import open_rest_route
 
@@ -268,7 +270,7 @@ class Runner:
                 on_attempt=on_attempt,
             )
 
-        service = RunService(ledger=ledger, retry=policy, owner=owner)
+        service = RunService(ledger=ledger, retry=policy, owner=owner, streak=self._streak)
         return service.run(request, spec, protocol)
 
     def _policy_and_ledger(self) -> tuple[RetryPolicy, RunLedgerPort]:

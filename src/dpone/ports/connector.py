@@ -9,6 +9,7 @@ from dpone.contracts.fence import FenceCapability, FenceObservation, SealResult
 from dpone.contracts.load import LoadPlan, MutationReport
 
 __all__ = [
+    "CannotQueueAhead",
     "Collector",
     "QueuedWithin",
     "Rows",
@@ -36,16 +37,26 @@ class QueuedWithin:
     sync. Any error is first offered to the collector (its statements come first), then
     judged by the connector. Every other connector simply calls it like any
     ``within``: it queues, then collects at once.
+
+    ``ahead``: the statements must reach the target before any of the connector's own,
+    in the same transaction (ADR 0019). Only a connector that declares ``queues_ahead``
+    is given one; when it cannot send them first this time (too many rows for its
+    pipelined path, say), it raises ``CannotQueueAhead`` before writing anything.
     """
 
-    __slots__ = ("queue",)
+    __slots__ = ("ahead", "queue")
 
-    def __init__(self, queue: Callable[[object], Collector]) -> None:
+    def __init__(self, queue: Callable[[object], Collector], *, ahead: bool = False) -> None:
         self.queue = queue
+        self.ahead = ahead
 
     def __call__(self, txn: object) -> None:
         """Run as a plain ``within``: queue the statements, then collect at once."""
         self.queue(txn)(None)
+
+
+class CannotQueueAhead(Exception):  # a signal to the runtime, never a user error
+    """A connector could not send a ``QueuedWithin(ahead=True)`` first: nothing was written."""
 
 
 class TargetConnectorPort(Protocol):

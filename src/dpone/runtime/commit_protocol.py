@@ -36,6 +36,7 @@ from dpone.errors import (
 )
 from dpone.ports.checkpoint import CheckpointStorePort, TransactionalCheckpointStorePort
 from dpone.ports.connector import (
+    CannotQueueAhead,
     Collector,
     QueuedWithin,
     TargetConnectorPort,
@@ -54,7 +55,7 @@ from dpone.runtime._log import LazyLogger
 from dpone.runtime.lease import LeaseKeeper, acquire
 from dpone.runtime.rows import RowTally, counted, within_interval
 
-__all__ = ["UNREAD", "CommitProtocol", "OperationSpec", "RunFold", "Unread"]
+__all__ = ["UNREAD", "CommitProtocol", "LookupFirst", "OperationSpec", "RunFold", "Unread"]
 
 S = CommitState
 _log = LazyLogger("dpone.runtime")
@@ -129,6 +130,15 @@ class RunFold(msgspec.Struct, kw_only=True):
     committed: bool = False
     #: the run and attempt 1 were recorded with the entry (forward mode)
     begun: bool = False
+
+
+class LookupFirst(Exception):  # a signal to the run service, never a user error
+    """A first attempt made without a lookup (``run(unread=True)``) wrote nothing: look up.
+
+    Raised when its journal INSERT was not seen to succeed (the run or the entry exists,
+    or the attempt failed before that was known), or when the target could not send that
+    INSERT ahead of the rows (ADR 0019). The caller reads the journal and runs again.
+    """
 
 
 class CommitProtocol:
@@ -206,6 +216,24 @@ class CommitProtocol:
             return None
         return self._committing_birth(spec)
 
+    def may_skip_lookup(self, spec: OperationSpec) -> bool:
+        """Whether ``run(unread=True)`` may try ``spec`` as new without reading the journal.
+
+        Atomic mode with a journal that queues the entry's INSERT, a target that sends it
+        ahead of the rows and whose plan check needs no read (it passed before), a
+        non-incremental operation and no failpoint armed (ADR 0019). The attempt is then
+        the one-sync transaction of ADR 0016 with the INSERT first: it commits the new
+        operation, or writes nothing and raises ``LookupFirst``.
+        """
+        if self._fold is None or spec.checkpoint is not None or failpoints.any_armed():
+            return False
+        if getattr(self._fold, "queue_complete_within", None) is None:
+            return False
+        if not getattr(self._connector, "queues_ahead", False):
+            return False
+        checked = getattr(self._connector, "plan_checked", None)
+        return checked is not None and bool(checked(spec.plan))
+
     def _committing_birth(self, spec: OperationSpec) -> dict[str, Any]:
         """The arguments of an entry born COMMITTING, leased to us at epoch 1 (ADR 0003)."""
         return {
@@ -224,6 +252,7 @@ class CommitProtocol:
         known: JournalEntry | Unread | None = UNREAD,
         run_fold: RunFold | None = None,
         born: JournalEntry | None = None,
+        unread: bool = False,
     ) -> OperationResult:
         """Run or resume ``spec`` until COMPLETE.
 
@@ -232,16 +261,24 @@ class CommitProtocol:
         the run ledger's rows for a folded atomic first attempt (ADR 0008). ``born``:
         the entry the caller just created as ``birth`` said, with the run at attempt 1
         (``run_fold.begun``, ADR 0018): it is taken as ``_create`` would have returned it.
+        ``unread``: nobody read the journal, as ``may_skip_lookup`` allowed (ADR 0019);
+        the operation is tried as new, and ``LookupFirst`` says it was not.
 
         Raises:
             IntentConflict: the operation exists with another intent (before target I/O).
             CommitUnknown: the target cannot prove the outcome; an operator must decide.
             LeaseHeld: another live executor is working on the operation.
             CommittedIncomplete: the target committed; completing the journal failed.
+            LookupFirst: ``unread`` only: nothing was written; read the journal first.
             DponeError: any other failure, typed, with the primary cause preserved.
 
         """
         self._run_fold = run_fold
+        if unread:
+            assert self._fold is not None  # noqa: S101 - may_skip_lookup said so
+            folded = self._atomic_first(spec, self._fold, run_fold, unread=True)
+            assert folded is not None  # noqa: S101 - unread: LookupFirst instead of None
+            return folded
         if born is not None:  # the plan check passed before the birth (``birth``)
             return self._attempts(spec, born, self._after_birth(spec, born))
         existing = self._journal.get(spec.operation_id) if isinstance(known, Unread) else known
@@ -816,7 +853,12 @@ class CommitProtocol:
         )
 
     def _atomic_first(
-        self, spec: OperationSpec, journal: FoldingJournalPort, run_fold: RunFold | None
+        self,
+        spec: OperationSpec,
+        journal: FoldingJournalPort,
+        run_fold: RunFold | None,
+        *,
+        unread: bool = False,
     ) -> OperationResult | None:
         """A new operation in atomic mode: entry, data and fence in ONE target transaction.
 
@@ -826,6 +868,8 @@ class CommitProtocol:
         Returns None when another executor got there first (its fence or its entry
         refused ours, and everything rolled back): the caller reads the journal. With a
         ``run_fold`` the run ledger's rows are written in the same transaction (ADR 0008).
+        ``unread`` (ADR 0019): the entry's INSERT goes ahead of the rows; unless it is
+        seen to succeed, nothing of this attempt is kept or recorded: ``LookupFirst``.
         """
         tally = RowTally()
         written: list[JournalEntry] = []
@@ -866,13 +910,44 @@ class CommitProtocol:
         # An armed failpoint keeps the plain within: it then fires where it always did,
         # after the rows and fence statement and the entry's INSERT were read.
         chosen: WithinTransaction = within
+        accepted: list[bool] = []  # the entry's INSERT had a result: the operation is new
         if queue_create is not None and not failpoints.armed(*_WITHIN_POINTS):
-            chosen = _queued_create(queue_create, entry_fields, written)
+            chosen = _queued_create(queue_create, entry_fields, written, accepted, ahead=unread)
+        elif unread:
+            raise LookupFirst  # the run is written apart: nothing sent yet
 
+        if not self._fold_mutate(spec, chosen, tally, run_fold, accepted, unread=unread):
+            return None
+        if run_fold is not None:
+            run_fold.committed = True
+        failpoints.hit("after:fence.mutate")
+        failpoints.hit("after:COMPLETE")
+        done = written[-1]
+        self._emit(done, "intent")
+        self._emit(done, "transition")
+        return self._recorded(done, replayed=False)
+
+    def _fold_mutate(
+        self,
+        spec: OperationSpec,
+        within: WithinTransaction,
+        tally: RowTally,
+        run_fold: RunFold | None,
+        accepted: list[bool],
+        *,
+        unread: bool,
+    ) -> bool:
+        """``_atomic_first``'s transaction; False when another executor was first.
+
+        ``unread``: ``LookupFirst`` unless the entry's INSERT was seen to succeed
+        (``accepted``) before a failure; nothing of the attempt is recorded then.
+        """
         try:
             self._connector.check_plan(spec.plan)  # read-only: fail before any write
             failpoints.hit("before:fence.mutate")
         except DponeError as exc:
+            if unread:
+                raise LookupFirst from None
             if run_fold is not None:
                 self._unfold_failed(spec, run_fold, exc)
             raise
@@ -884,27 +959,27 @@ class CommitProtocol:
                 plan=spec.plan,
                 batches=self._rows(spec, tally),
                 content_digest=spec.source_identity,
-                within=chosen,
+                within=within,
                 prepare=True,
             )
+        except CannotQueueAhead:
+            raise LookupFirst from None  # sent nothing: the rows would have gone first
         except (FencedOut, JournalConflict):
             # rolled back: the fence, the entry or the run belongs to another executor
+            if unread:
+                raise LookupFirst from None
             if run_fold is not None:
                 run_fold.decline()
-            return None
+            return False
         except DponeError as exc:
+            if unread and not accepted:
+                # rolled back before the INSERT was seen to succeed: maybe not new at all
+                raise LookupFirst from None
             if run_fold is not None:
                 self._unfold_failed(spec, run_fold, exc)
             self._record_failed_first(spec, exc)
             raise
-        if run_fold is not None:
-            run_fold.committed = True
-        failpoints.hit("after:fence.mutate")
-        failpoints.hit("after:COMPLETE")
-        done = written[-1]
-        self._emit(done, "intent")
-        self._emit(done, "transition")
-        return self._recorded(done, replayed=False)
+        return True
 
     def _record_failed_first(self, spec: OperationSpec, primary: DponeError) -> None:
         """The folded transaction rolled back: record why, as the unfolded path would.
@@ -1224,25 +1299,30 @@ def _queued_create(
     create: Callable[..., Callable[[BaseException | None], JournalEntry | None]],
     fields: Callable[[], dict[str, Any]],
     written: list[JournalEntry],
+    accepted: list[bool],
+    *,
+    ahead: bool = False,
 ) -> QueuedWithin:
     """The folded first attempt's ``within``, queued (ADR 0016).
 
     Only offered while none of ``_WITHIN_POINTS`` is armed (an armed one keeps the plain
     ``within``), so it fires none of them. Its collector keeps the entry the INSERT
-    returned.
+    returned, and notes in ``accepted`` that the INSERT succeeded (also when another
+    statement's error rolled it back). ``ahead``: it must go before the rows (ADR 0019).
     """
 
     def queue(txn: object) -> Collector:
         pending = create(txn, **fields())
 
         def collect(error: BaseException | None) -> None:
-            entry = pending(error)
+            entry = pending(error)  # raises the INSERT's own error
+            accepted.append(True)
             if entry is not None:
                 written.append(entry)
 
         return collect
 
-    return QueuedWithin(queue)
+    return QueuedWithin(queue, ahead=ahead)
 
 
 def _collected(_error: BaseException | None) -> None:

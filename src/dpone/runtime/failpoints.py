@@ -120,6 +120,11 @@ def configure(spec: str | None) -> None:
         _points[name.strip()] = _Point(kind, seconds, nth)
 
 
+def any_armed() -> bool:
+    """True when any failpoint is configured (this process is under a crash test)."""
+    return bool(_points)
+
+
 def armed(*names: str) -> bool:
     """True when any of ``names`` is configured (a caller may then stop where they fire)."""
     return bool(_points) and any(name in _points for name in names)

@@ -26,7 +26,7 @@ import msgspec
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.identity import is_operation_id
 from dpone.contracts.journal import JournalEntry
-from dpone.contracts.result import OperationResult
+from dpone.contracts.result import OperationResult, RunMode
 from dpone.contracts.run import (
     AccessContext,
     RunError,
@@ -56,13 +56,14 @@ from dpone.runtime._log import LazyLogger
 from dpone.runtime.commit_protocol import (
     UNREAD,
     CommitProtocol,
+    LookupFirst,
     OperationSpec,
     RunFold,
     Unread,
 )
 from dpone.runtime.retry import RetryPolicy, call_with_retries
 
-__all__ = ["RunRequest", "RunService", "check_replay", "run_state_for"]
+__all__ = ["NewStreak", "RunRequest", "RunService", "check_replay", "run_state_for"]
 
 _log = LazyLogger("dpone.runtime")
 
@@ -101,11 +102,30 @@ def run_state_for(exc: BaseException) -> RunState:
     return RunState.FAILED
 
 
+class NewStreak:
+    """Whether the last run of a caller bore its operation in one atomic transaction.
+
+    A caller running many operations (a ``Runner``) keeps one and hands it to each
+    ``RunService``: while operations keep being new, the next is tried as new before any
+    lookup of the journal (ADR 0019).
+    """
+
+    __slots__ = ("expected",)
+
+    def __init__(self) -> None:
+        self.expected = False
+
+
 class RunService:
     """Records runs and attempts in the ledger and drives the protocol under a retry policy."""
 
     def __init__(
-        self, *, ledger: RunLedgerPort, retry: RetryPolicy | None = None, owner: str
+        self,
+        *,
+        ledger: RunLedgerPort,
+        retry: RetryPolicy | None = None,
+        owner: str,
+        streak: NewStreak | None = None,
     ) -> None:
         self._ledger = ledger
         self._retry = retry or RetryPolicy()
@@ -125,6 +145,14 @@ class RunService:
             if self._lookup is not None
             and self._folding is not None
             and callable(getattr(ledger, "find_run_or_create_committing", None))
+            else None
+        )
+        # ... and one that queues the run with the entry in the target transaction, so a
+        # new operation may be tried before any lookup, after one that was new (ADR 0019)
+        self._streak = (
+            streak
+            if self._lookup is not None
+            and callable(getattr(ledger, "queue_complete_run_entry_writer", None))
             else None
         )
 
@@ -170,52 +198,19 @@ class RunService:
     ) -> OperationResult:
         tr = _Try(self, start, request)
         protocol = make_protocol(tr.record_attempt)
-        known, born = tr.look_up(spec, protocol)
+        streak = self._streak
+        unread = False
+        if streak is not None and streak.expected:
+            streak.expected = False  # until this try proves it new again
+            unread = protocol.may_skip_lookup(spec)
+        if unread:
+            known, born = None, None  # tried as new; ``LookupFirst`` if it is not
+        else:
+            known, born = tr.look_up(spec, protocol)
         if not tr.recorded and known is None and self._folding is not None:
-            # a new run of a new operation: the protocol may write the run with its first
-            # write (ADR 0008), or records it first (``decline``)
-            folding = self._folding
-            # a ledger that writes the run and the entry born COMPLETE as one statement
-            # offers that writer (ADR 0011); it replaces the run's own writer
-            both = getattr(folding, "complete_run_entry_writer", None)
-            write: Callable[[object], None] = _unused_writer
-            create_complete: Callable[..., JournalEntry] | None = None
-            queue_complete: Callable[..., Callable[..., JournalEntry | None]] | None = None
-            if both is not None:
-                create_complete = both(start, owner=self._owner, provenance=request.provenance)
-                # ... and queued on a pipelining target, when it can (ADR 0016)
-                queued = getattr(folding, "queue_complete_run_entry_writer", None)
-                if queued is not None:
-                    queue_complete = queued(start, owner=self._owner, provenance=request.provenance)
-            else:
-                write = folding.complete_run_writer(
-                    start, owner=self._owner, provenance=request.provenance
-                )
-            # a ledger that ends the run with the entry's COMPLETE offers that write
-            # (ADR 0013); the protocol uses it only for attempt 1 recorded with the entry
-            ending = getattr(folding, "complete_proven_ending_run", None)
-            # ... and one that writes it behind the caller offers that too (ADR 0017)
-            behind = (
-                getattr(folding, "complete_proven_ending_run_behind", None)
-                if getattr(folding, "completes_behind", False)
-                else None
+            tr.fold = self._new_run_fold(
+                start, request, self._folding, tr.ensure_run, born=born is not None
             )
-            tr.fold = RunFold(
-                write=write,
-                create_complete=create_complete,
-                queue_complete=queue_complete,
-                decline=tr.ensure_run,
-                create_committing=lambda **entry: folding.create_committing_with_run(
-                    start, provenance=request.provenance, **entry
-                ),
-                complete_proven=None
-                if ending is None
-                else functools.partial(ending, run_id=start.run_id, attempt=1),
-                complete_proven_behind=None
-                if behind is None
-                else functools.partial(behind, run_id=start.run_id, attempt=1),
-            )
-            tr.fold.begun = born is not None  # the run and attempt 1 were born with it
         else:
             tr.ensure_run()
         fold = tr.fold
@@ -224,8 +219,14 @@ class RunService:
                 result = protocol.run(spec)
             else:
                 result = protocol.run(
-                    spec, known=cast("JournalEntry | None", known), run_fold=fold, born=born
+                    spec,
+                    known=cast("JournalEntry | None", known),
+                    run_fold=fold,
+                    born=born,
+                    unread=unread,
                 )
+        except LookupFirst:
+            result = None  # nothing was written or recorded: this try starts over below
         except LeaseHeld as exc:
             # in flight in another process: that attempt owns the run; record nothing
             exc.hint = exc.hint or f"run {tr.run_id} is in flight; rerun later to see it"
@@ -237,7 +238,11 @@ class RunService:
             if tr.recorded or tr.mine:  # a try that recorded nothing has nothing to end
                 self._end(tr.run_id, tr.recorded, tr.mine, run_state_for(exc), RunError.of(exc))
             raise
+        if result is None:
+            return self._once(start, request, spec, make_protocol)  # with the lookup
         if fold is not None and fold.committed:
+            if streak is not None and protocol.mode is RunMode.ATOMIC:
+                streak.expected = True  # born in one transaction: the next may be too
             # the run, attempt 1 and their COMPLETE end committed with the write (atomic
             # mode), or attempt 1 ended COMPLETE with the entry's COMPLETE (forward mode)
             _log.info(
@@ -251,6 +256,63 @@ class RunService:
             tr.ensure_run()
         attempt = self._end(tr.run_id, tr.recorded, tr.mine, RunState.COMPLETE, None)
         return msgspec.structs.replace(result, run_id=tr.run_id, attempt=attempt or None)
+
+    def _new_run_fold(
+        self,
+        start: RunStart,
+        request: RunRequest,
+        folding: FoldingLedgerPort,
+        decline: Callable[[], object],
+        *,
+        born: bool,
+    ) -> RunFold:
+        """The ledger's part of a new run of a new operation (ADR 0008).
+
+        The protocol may write the run with its first write, or records it first
+        (``decline``).
+        """
+        # a ledger that writes the run and the entry born COMPLETE as one statement
+        # offers that writer (ADR 0011); it replaces the run's own writer
+        both = getattr(folding, "complete_run_entry_writer", None)
+        write: Callable[[object], None] = _unused_writer
+        create_complete: Callable[..., JournalEntry] | None = None
+        queue_complete: Callable[..., Callable[..., JournalEntry | None]] | None = None
+        if both is not None:
+            create_complete = both(start, owner=self._owner, provenance=request.provenance)
+            # ... and queued on a pipelining target, when it can (ADR 0016)
+            queued = getattr(folding, "queue_complete_run_entry_writer", None)
+            if queued is not None:
+                queue_complete = queued(start, owner=self._owner, provenance=request.provenance)
+        else:
+            write = folding.complete_run_writer(
+                start, owner=self._owner, provenance=request.provenance
+            )
+        # a ledger that ends the run with the entry's COMPLETE offers that write
+        # (ADR 0013); the protocol uses it only for attempt 1 recorded with the entry
+        ending = getattr(folding, "complete_proven_ending_run", None)
+        # ... and one that writes it behind the caller offers that too (ADR 0017)
+        behind = (
+            getattr(folding, "complete_proven_ending_run_behind", None)
+            if getattr(folding, "completes_behind", False)
+            else None
+        )
+        fold = RunFold(
+            write=write,
+            create_complete=create_complete,
+            queue_complete=queue_complete,
+            decline=decline,
+            create_committing=lambda **entry: folding.create_committing_with_run(
+                start, provenance=request.provenance, **entry
+            ),
+            complete_proven=None
+            if ending is None
+            else functools.partial(ending, run_id=start.run_id, attempt=1),
+            complete_proven_behind=None
+            if behind is None
+            else functools.partial(behind, run_id=start.run_id, attempt=1),
+        )
+        fold.begun = born  # the run and attempt 1 were born with it
+        return fold
 
     def _end(
         self,

@@ -46,7 +46,13 @@ from dpone.errors import (
     TargetSchemaMismatch,
     TargetWriteFailed,
 )
-from dpone.ports.connector import Collector, QueuedWithin, Rows, WithinTransaction
+from dpone.ports.connector import (
+    CannotQueueAhead,
+    Collector,
+    QueuedWithin,
+    Rows,
+    WithinTransaction,
+)
 from dpone.ports.source import RawCsv, RawCsvRefused, raw_csv_of, raw_csv_size_of
 
 __all__ = ["FENCE_TABLE", "PostgresConnector"]
@@ -863,6 +869,9 @@ class PostgresConnector:
         connect_timeout_s: the longest wait to connect (libpq rounds it up to whole seconds).
     """
 
+    #: a ``QueuedWithin(ahead=True)`` is sent before the rows, or refused (ADR 0019)
+    queues_ahead = True
+
     def __init__(
         self,
         dsn: str,
@@ -1170,6 +1179,8 @@ class PostgresConnector:
         ):
             limit = min(SMALL_ROWS, _MAX_PARAMS // len(checked.columns))
             small, batches = _take_small(batches, limit)
+        if small is None and isinstance(within, QueuedWithin) and within.ahead:
+            raise CannotQueueAhead  # the rows would go first (COPY): nothing written
         try:
             with self._session(action="mutate", operation_id=operation_id) as conn:
                 self._ensure_fence(conn)
@@ -1293,7 +1304,12 @@ class PostgresConnector:
                     within=within,
                 )
             except _FenceRowExists:
-                pass  # rolled back, nothing written: judge that row as below
+                # rolled back, nothing written: judge that row as below, where within's
+                # statements follow the rows (so not for one that must go ahead)
+                if isinstance(within, QueuedWithin) and within.ahead:
+                    raise CannotQueueAhead from None
+        elif isinstance(within, QueuedWithin) and within.ahead:
+            raise CannotQueueAhead
         statement = self._small_statement(plan, count, prepare=prepare, clear=clear)
         try:
             with conn.pipeline() as pipeline, conn.cursor() as cur:
