@@ -67,6 +67,10 @@ class Runner:
     operation, whose next run completes the entry from the fence; one that cannot be
     sent fails ``run`` as a synchronous COMPLETE would.
 
+    In atomic mode on PostgreSQL, after an operation born new a Runner sends the next
+    one's transaction without looking the run up first; one that exists rolls back
+    with nothing written and is then looked up and replayed as usual (ADR 0019).
+
     Args:
         workload: a workload file path or an already loaded :class:`Workload`.
         environ: environment to resolve ``*_env`` references from (default ``os.environ``).
