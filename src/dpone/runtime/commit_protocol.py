@@ -194,6 +194,9 @@ class CommitProtocol:
         )
         # the run ledger's part of the run in progress (``run(run_fold=...)``)
         self._run_fold: RunFold | None = None
+        #: the new operation was born at one sync, the journal's INSERT ahead of its
+        #: rows: the caller may try its next operation without a lookup (ADR 0019)
+        self.born_at_once = False
 
     @property
     def mode(self) -> RunMode:
@@ -918,6 +921,10 @@ class CommitProtocol:
 
         if not self._fold_mutate(spec, chosen, tally, run_fold, accepted, unread=unread):
             return None
+        if unread and self._on_rows is not None:
+            self._on_rows(tally.rows)  # written now: in one batch, by one statement
+        # born at one sync, its INSERT ahead of the rows: the next may be tried unread
+        self.born_at_once = isinstance(chosen, _FoldWithin) and not chosen.called_plainly
         if run_fold is not None:
             run_fold.committed = True
         failpoints.hit("after:fence.mutate")
@@ -957,7 +964,8 @@ class CommitProtocol:
                 intent_digest=spec.intent_digest,
                 epoch=_FIRST_EPOCH,
                 plan=spec.plan,
-                batches=self._rows(spec, tally),
+                # an unread try reports its rows once they are written (``_atomic_first``)
+                batches=self._rows(spec, tally, report=not unread),
                 content_digest=spec.source_identity,
                 within=within,
                 prepare=True,
@@ -972,8 +980,11 @@ class CommitProtocol:
                 run_fold.decline()
             return False
         except DponeError as exc:
-            if unread and not accepted:
-                # rolled back before the INSERT was seen to succeed: maybe not new at all
+            lost = isinstance(exc, FenceUnavailable | JournalUnavailable)
+            if unread and not accepted and not lost:
+                # rolled back before the INSERT was seen to succeed: maybe not new at all.
+                # A lost connection or lock wait is raised as the lookup's try raises it
+                # (the retry policy decides; the next try looks up first).
                 raise LookupFirst from None
             if run_fold is not None:
                 self._unfold_failed(spec, run_fold, exc)
@@ -1016,7 +1027,9 @@ class CommitProtocol:
             self._release(entry)
 
     # ------------------------------------------------------------------ helpers
-    def _rows(self, spec: OperationSpec, tally: RowTally) -> Iterator[list[tuple[object, ...]]]:
+    def _rows(
+        self, spec: OperationSpec, tally: RowTally, *, report: bool = True
+    ) -> Iterator[list[tuple[object, ...]]]:
         batches: Iterator[list[tuple[object, ...]]] = self._source.batches(
             batch_size=spec.batch_size, expected_identity=spec.source_identity
         )
@@ -1030,7 +1043,7 @@ class CommitProtocol:
                 interval=plan.interval,
                 tally=tally,
             )
-        return counted(batches, tally, self._on_rows)
+        return counted(batches, tally, self._on_rows if report else None)
 
     def _observe(self, spec: OperationSpec) -> FenceObservation:
         failpoints.hit("before:fence.observe")
@@ -1322,7 +1335,24 @@ def _queued_create(
 
         return collect
 
-    return QueuedWithin(queue, ahead=ahead)
+    return _FoldWithin(queue, ahead=ahead)
+
+
+class _FoldWithin(QueuedWithin):
+    """``_queued_create``'s within, which notes a call as a plain within.
+
+    A connector calls it so after its rows, not pipelined with them (a COPY, say).
+    """
+
+    __slots__ = ("called_plainly",)
+
+    def __init__(self, queue: Callable[[object], Collector], *, ahead: bool) -> None:
+        super().__init__(queue, ahead=ahead)
+        self.called_plainly = False
+
+    def __call__(self, txn: object) -> None:
+        self.called_plainly = True
+        super().__call__(txn)
 
 
 def _collected(_error: BaseException | None) -> None:

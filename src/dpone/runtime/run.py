@@ -26,7 +26,7 @@ import msgspec
 from dpone.contracts.evidence import SafeMapping
 from dpone.contracts.identity import is_operation_id
 from dpone.contracts.journal import JournalEntry
-from dpone.contracts.result import OperationResult, RunMode
+from dpone.contracts.result import OperationResult
 from dpone.contracts.run import (
     AccessContext,
     RunError,
@@ -152,6 +152,7 @@ class RunService:
         self._streak = (
             streak
             if self._lookup is not None
+            and self._folding is not None
             and callable(getattr(ledger, "queue_complete_run_entry_writer", None))
             else None
         )
@@ -195,6 +196,8 @@ class RunService:
         request: RunRequest,
         spec: OperationSpec,
         make_protocol: ProtocolFactory,
+        *,
+        look_up: bool = False,
     ) -> OperationResult:
         tr = _Try(self, start, request)
         protocol = make_protocol(tr.record_attempt)
@@ -202,7 +205,7 @@ class RunService:
         unread = False
         if streak is not None and streak.expected:
             streak.expected = False  # until this try proves it new again
-            unread = protocol.may_skip_lookup(spec)
+            unread = not look_up and protocol.may_skip_lookup(spec)
         if unread:
             known, born = None, None  # tried as new; ``LookupFirst`` if it is not
         else:
@@ -238,11 +241,11 @@ class RunService:
             if tr.recorded or tr.mine:  # a try that recorded nothing has nothing to end
                 self._end(tr.run_id, tr.recorded, tr.mine, run_state_for(exc), RunError.of(exc))
             raise
-        if result is None:
-            return self._once(start, request, spec, make_protocol)  # with the lookup
+        if result is None:  # with the lookup, whatever another thread's try taught
+            return self._once(start, request, spec, make_protocol, look_up=True)
         if fold is not None and fold.committed:
-            if streak is not None and protocol.mode is RunMode.ATOMIC:
-                streak.expected = True  # born in one transaction: the next may be too
+            if streak is not None and protocol.born_at_once and not look_up:
+                streak.expected = True  # born at one sync: the next may be too
             # the run, attempt 1 and their COMPLETE end committed with the write (atomic
             # mode), or attempt 1 ended COMPLETE with the entry's COMPLETE (forward mode)
             _log.info(
