@@ -272,3 +272,22 @@ def test_a_fence_row_without_its_journal_is_judged_as_after_a_lookup(
     finally:
         with psycopg.connect(pg_available, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{other}" CASCADE')
+
+
+def test_a_progress_callback_that_raises_after_an_unread_commit_leaves_it_complete(
+    atomic: Workload, pg_available: str, pg_schema: str
+) -> None:
+    """An unread try reports its rows once they are committed: a callback that raises
+    then reaches the caller, and the run and the entry are COMPLETE, as committed."""
+
+    def refuse(rows: int) -> None:
+        raise RuntimeError(f"callback refused {rows} rows")
+
+    with Runner(atomic) as runner:
+        runner.run(interval=INTERVAL, partition="1")
+        with pytest.raises(RuntimeError, match="refused 3 rows"):
+            runner.run(interval=INTERVAL, partition="2", on_rows=refuse)
+        assert runner.run(interval=INTERVAL, partition="2").replayed
+    assert {run[1] for run in _ledger(pg_available, pg_schema)} == {"COMPLETE"}
+    assert {e.state for e, _ in _entries(pg_available, pg_schema)} == {CommitState.COMPLETE}
+    assert len(_rows(pg_available, pg_schema)) == 9

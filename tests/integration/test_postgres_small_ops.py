@@ -245,6 +245,34 @@ def test_forward_small_operations_are_born_committing(
             conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
 
 
+@pytest.mark.parametrize("mode", ["atomic", "forward"])
+def test_an_empty_partition_after_small_ones_completes_with_no_rows(
+    tmp_path: Path, pg_available: str, pg_schema: str, mode: str
+) -> None:
+    """A load with no rows on a table already checked: written by the general path (the
+    small path's one statement needs a row), COMPLETE with 0 rows, replayed after."""
+    for i in range(3):
+        _csv(tmp_path / f"p{i}.csv", first=i * 10)
+    (tmp_path / "p3.csv").write_text(HEADER, encoding="utf-8")
+    journal = pg_available if mode == "atomic" else pg_available.rsplit("/", 1)[0] + "/postgres"
+    workload = _workload(tmp_path, pg_available, pg_schema, journal=journal)
+    try:
+        with Runner(workload) as runner:
+            for partition in ("0", "1", "2"):
+                runner.run(interval=INTERVAL, partition=partition)
+            empty = runner.run(interval=INTERVAL, partition="3")
+            assert (empty.replayed, empty.rows_written) == (False, 0)
+            again = runner.run(interval=INTERVAL, partition="3")
+            assert (again.replayed, again.rows_written) == (True, 0)
+        assert len(_rows(pg_available, pg_schema)) == 9
+        states = {e.operation_id: e.state for e, _ in _entries(journal, pg_schema)}
+        assert states[empty.operation_id] is CommitState.COMPLETE
+    finally:
+        if mode == "forward":
+            with psycopg.connect(journal, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
 # ---------------------------------------------------------------------- the run ledger (ADR 0008)
 def _ledger(dsn: str, schema: str) -> list[tuple[Any, ...]]:
     """Every run with its attempts: (key, state, current attempt, [(n, state, owner)])."""

@@ -921,12 +921,13 @@ class CommitProtocol:
 
         if not self._fold_mutate(spec, chosen, tally, run_fold, accepted, unread=unread):
             return None
-        if unread and self._on_rows is not None:
-            self._on_rows(tally.rows)  # written now: in one batch, by one statement
         # born at one sync, its INSERT ahead of the rows: the next may be tried unread
         self.born_at_once = isinstance(chosen, _FoldWithin) and not chosen.called_plainly
         if run_fold is not None:
             run_fold.committed = True
+        if unread and self._on_rows is not None:
+            # written now, in one batch by one statement; committed whatever the callback does
+            self._on_rows(tally.rows)
         failpoints.hit("after:fence.mutate")
         failpoints.hit("after:COMPLETE")
         done = written[-1]

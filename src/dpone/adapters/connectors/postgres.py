@@ -356,9 +356,11 @@ def _offers_large_file(batches: Rows) -> bool:
 def _take_small(batches: Rows, limit: int) -> tuple[list[Sequence[object]] | None, Rows]:
     """Read ahead up to ``limit`` rows: (all the rows, -) if that is the whole load.
 
-    Otherwise (None, batches) where the returned batches start with those read ahead.
-    Reading ahead is read-only (the source's own end-of-file checks run here when the
-    load is small), so it happens before any lock is taken.
+    Otherwise (None, batches) where the returned batches start with those read ahead:
+    also for a load without rows, which the general path writes (an empty COPY; the
+    one statement of the small path needs a row). Reading ahead is read-only (the
+    source's own end-of-file checks run here when the load is small), so it happens
+    before any lock is taken.
     """
     taken: list[Sequence[Sequence[object]]] = []
     total = 0
@@ -368,6 +370,8 @@ def _take_small(batches: Rows, limit: int) -> tuple[list[Sequence[object]] | Non
         total += len(batch)
         if total > limit:
             return None, chain(taken, it)
+    if total == 0:
+        return None, taken
     return [row for batch in taken for row in batch], ()
 
 
