@@ -222,15 +222,13 @@ class CommitProtocol:
     def may_skip_lookup(self, spec: OperationSpec) -> bool:
         """Whether ``run(unread=True)`` may try ``spec`` as new without reading the journal.
 
-        Atomic mode with a journal that queues the entry's INSERT, a target that sends it
-        ahead of the rows and whose plan check needs no read (it passed before), a
-        non-incremental operation and no failpoint armed (ADR 0019). The attempt is then
-        the one-sync transaction of ADR 0016 with the INSERT first: it commits the new
-        operation, or writes nothing and raises ``LookupFirst``.
+        Atomic mode, a target that sends the entry's INSERT ahead of the rows and whose
+        plan check needs no read (it passed before), a non-incremental operation and no
+        failpoint armed (ADR 0019). The attempt is then the one-sync transaction of ADR
+        0016 with the INSERT first: it commits the new operation, or writes nothing and
+        raises ``LookupFirst`` (also when the run ledger cannot queue that INSERT).
         """
         if self._fold is None or spec.checkpoint is not None or failpoints.any_armed():
-            return False
-        if getattr(self._fold, "queue_complete_within", None) is None:
             return False
         if not getattr(self._connector, "queues_ahead", False):
             return False

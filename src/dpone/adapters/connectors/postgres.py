@@ -1292,6 +1292,7 @@ class PostgresConnector:
         if clear is not None:
             params.extend(clear[1])
         params.extend(_insert_params(rows, len(plan.columns), operation_id=operation_id))
+        ahead = isinstance(within, QueuedWithin) and within.ahead
         if (
             prepare
             and epoch == _FIRST_EPOCH
@@ -1310,9 +1311,9 @@ class PostgresConnector:
             except _FenceRowExists:
                 # rolled back, nothing written: judge that row as below, where within's
                 # statements follow the rows (so not for one that must go ahead)
-                if isinstance(within, QueuedWithin) and within.ahead:
+                if ahead:
                     raise CannotQueueAhead from None
-        elif isinstance(within, QueuedWithin) and within.ahead:
+        elif ahead:
             raise CannotQueueAhead
         statement = self._small_statement(plan, count, prepare=prepare, clear=clear)
         try:
