@@ -157,7 +157,7 @@ def test_postgres_version_3_journal_read_only_then_migrated(
 ) -> None:
     """A read-only open of a version-3 schema reads it and migrates nothing; a writer's
     migrate applies version 4 once, keeping bindings the first-use code had created."""
-    assert pg_journal.SCHEMA_VERSION == BINDINGS_VERSION
+    assert pg_journal.SCHEMA_VERSION >= BINDINGS_VERSION
     monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", BINDINGS_VERSION - 1)
     with pg_journal.PostgresCommitJournal(pg_available, schema=pg_schema) as old:
         assert old.migrate() == [1, 2, 3]

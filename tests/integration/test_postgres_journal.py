@@ -247,6 +247,80 @@ def test_history_and_audit_are_append_only(
     assert journal.audit_log(entry.operation_id) == audit
 
 
+@pytest.mark.parametrize(
+    ("table", "key"), [("dpone_journal", "operation_id"), ("dpone_runs", "run_id")]
+)
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM {t} WHERE {k} = %(id)s",
+        "UPDATE {t} SET {k} = {k} || '-moved' WHERE {k} = %(id)s",
+        "TRUNCATE {t}",
+    ],
+    ids=["delete", "re-key", "truncate"],
+)
+def test_entries_and_runs_that_history_refers_to_are_kept(
+    journal: PostgresCommitJournal,
+    admin: psycopg.Connection[Any],
+    pg_schema: str,
+    table: str,
+    key: str,
+    statement: str,
+) -> None:
+    """ADR 0020: with no foreign key left, triggers refuse to remove or re-key a parent row."""
+    entry = drive_to(journal, leased(journal), S.COMPLETE)
+    start = new_start()
+    run, _ = journal.begin_run(start)
+    journal.begin_attempt(run_id=run.run_id, attempt=1, owner=OWNER_A, provenance=CLI)
+    history = journal.history(entry.operation_id)
+    wanted = entry.operation_id if table == "dpone_journal" else run.run_id
+    sql = statement.format(t=f'"{pg_schema}".{table}', k=key)
+    with pytest.raises(psycopg.errors.RestrictViolation, match=f"{table} rows are kept"):
+        admin.execute(sql, {"id": wanted} if "%(id)s" in sql else None)
+    assert journal.get(entry.operation_id) == entry
+    assert journal.history(entry.operation_id) == history
+    assert journal.get_run(run.run_id) == journal.get_run(start.run_id) is not None
+    assert [a.attempt for a in journal.attempts(run.run_id)] == [1]
+
+
+def test_a_version_4_schema_trades_its_foreign_keys_for_triggers(
+    pg_available: str,
+    pg_schema: str,
+    admin: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Migration 5 drops the two foreign keys and keeps every row; the guards then hold."""
+    from dpone.adapters.journal import postgres as pg_journal
+
+    def foreign_keys() -> list[str]:
+        rows = admin.execute(
+            "SELECT conrelid::regclass::text FROM pg_constraint "
+            "WHERE contype = 'f' AND connamespace = %s::regnamespace ORDER BY 1",
+            (pg_schema,),
+        )
+        return [r[0].rpartition(".")[2] for r in rows.fetchall()]
+
+    monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", 4)
+    with PostgresCommitJournal(pg_available, schema=pg_schema) as old:
+        assert old.migrate() == [1, 2, 3, 4]
+        entry = drive_to(old, leased(old), S.COMPLETE)
+        history = old.history(entry.operation_id)
+    assert foreign_keys() == [
+        "dpone_checkpoint_intervals",
+        "dpone_run_attempts",
+        "dpone_transitions",
+    ]
+    monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", 5)
+    with PostgresCommitJournal(pg_available, schema=pg_schema) as new:
+        assert new.migrate() == [5]
+        assert new.get(entry.operation_id) == entry
+        assert new.history(entry.operation_id) == history
+        assert new.migrate() == []
+    assert foreign_keys() == ["dpone_checkpoint_intervals"]
+    with pytest.raises(psycopg.errors.RestrictViolation, match="dpone_journal rows are kept"):
+        admin.execute(f'DELETE FROM "{pg_schema}".dpone_journal')
+
+
 # ---------------------------------------------------------------------- atomic mode
 def test_within_commits_with_the_foreign_transaction(
     journal: PostgresCommitJournal, pg_available: str, pg_schema: str

@@ -74,7 +74,8 @@ _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 _FROM_PREPARING = frozenset({CommitState.PREPARING})
 #: The oldest schema a read-only open reads as it is (it never migrates): version 4 only
-#: adds the delivery bindings table (_MIGRATIONS), whose absence reads as "binds nothing".
+#: adds the delivery bindings table (_MIGRATIONS), whose absence reads as "binds nothing",
+#: and version 5 only swaps two foreign keys for triggers (nothing a read sees).
 _READ_ONLY_OLDEST = 3
 
 
@@ -188,6 +189,31 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _ledger_sql.POSTGRES_MIGRATION,
     # what a REST delivery promotes once its success is verified (docs/delivery.md)
     _checkpoint_sql.POSTGRES_BINDINGS_MIGRATION,
+    # the rows history and attempts refer to are kept by triggers, not foreign keys (ADR
+    # 0020): a foreign key checked each history row and attempt as it was written
+    (
+        "ALTER TABLE {s}.dpone_transitions "
+        "DROP CONSTRAINT IF EXISTS dpone_transitions_operation_id_fkey",
+        "ALTER TABLE {s}.dpone_run_attempts "
+        "DROP CONSTRAINT IF EXISTS dpone_run_attempts_run_id_fkey",
+        """
+        CREATE OR REPLACE FUNCTION {s}.dpone_refuse_removal() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION '% rows are kept: history and attempts refer to them',
+                TG_TABLE_NAME USING ERRCODE = 'restrict_violation';
+        END
+        $$
+        """,
+        "CREATE TRIGGER dpone_journal_kept BEFORE DELETE OR UPDATE OF operation_id "
+        "ON {s}.dpone_journal FOR EACH ROW EXECUTE FUNCTION {s}.dpone_refuse_removal()",
+        "CREATE TRIGGER dpone_journal_no_truncate BEFORE TRUNCATE "
+        "ON {s}.dpone_journal FOR EACH STATEMENT EXECUTE FUNCTION {s}.dpone_refuse_removal()",
+        "CREATE TRIGGER dpone_runs_kept BEFORE DELETE OR UPDATE OF run_id "
+        "ON {s}.dpone_runs FOR EACH ROW EXECUTE FUNCTION {s}.dpone_refuse_removal()",
+        "CREATE TRIGGER dpone_runs_no_truncate BEFORE TRUNCATE "
+        "ON {s}.dpone_runs FOR EACH STATEMENT EXECUTE FUNCTION {s}.dpone_refuse_removal()",
+    ),
 )
 #: The schema version this code writes and reads.
 SCHEMA_VERSION = len(_MIGRATIONS)
