@@ -4,7 +4,9 @@
    another database) against a plain psycopg COPY of the same CSV in one transaction,
    all as whole processes. Budgets: ratio <= 1.05 atomic, <= 1.10 forward; RSS < 150 MB.
 2. 2,000 operations of 10 rows through the Python API (one Runner) against one plain
-   transaction per operation (INSERT of 10 rows). Budgets: ratio <= 1.5 atomic, <= 3 forward.
+   transaction per operation (INSERT of 10 rows). Budgets: ratio <= 1.5 atomic, <= 3 forward,
+   judged on passes where the three take turns of 50 operations each (see _interleaved);
+   the separate rounds' ratios are printed beside them.
 3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
 
@@ -55,6 +57,10 @@ source:
 target: {{kind: postgres, url: {target}, table: {schema}.{table}, fence_schema: {schema}}}
 load: {{strategy: append}}
 """
+
+
+#: Operations per contender and turn in the interleaved passes (_interleaved).
+INTERLEAVE_BLOCK = 50
 
 
 def other_db(dsn: str, db: str) -> str:
@@ -335,6 +341,71 @@ def _small_dpone(
     return out
 
 
+def _interleaved(work: Path, dsn: str, schema: str, ops: int, block: int) -> dict[str, float]:
+    """Plain, atomic and forward in turns of ``block`` operations each, in one process.
+
+    On a shared machine an operation's time drifts within seconds (the plain loop's rounds
+    ranged 0.54-1.0 ms minutes apart on 2026-12-02), so the best round of one contender may
+    meet a calmer machine than the best of another. In turns of ``block`` operations, the
+    order rotated every turn, each contender meets the same drift: the ratio of their
+    totals over the same turns is what the code costs. Every row is checked at the end.
+    """
+    from dpone.api import Runner
+
+    interval = "2026-11-01/2026-11-02"
+    with (
+        psycopg.connect(dsn) as conn,
+        Runner(_small_workload(work, dsn, dsn, schema, "atomic_orders")) as atomic,  # type: ignore[arg-type]
+        Runner(  # type: ignore[arg-type]
+            _small_workload(work, dsn, other_db(dsn, "postgres"), schema, "forward_orders")
+        ) as forward,
+    ):
+        conn.execute(
+            f'CREATE TABLE "{schema}".plain (order_id bigint, customer text, '
+            "amount double precision, ordered_at timestamptz)"
+        )
+        conn.commit()
+        insert = f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)'
+
+        def plain(i: int) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    insert, [(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)]
+                )
+            conn.commit()
+
+        contenders = {
+            "plain": plain,
+            "atomic": lambda i: atomic.run(interval=interval, partition=str(i)),
+            "forward": lambda i: forward.run(interval=interval, partition=str(i)),
+        }
+        for run_one in contenders.values():
+            run_one(0)  # warm up: DDL, the journal's first statements
+        names = list(contenders)
+        totals = dict.fromkeys(names, 0.0)
+        turns: list[dict[str, float]] = []
+        for turn, start in enumerate(range(1, ops, block)):
+            ids = range(start, min(start + block, ops))
+            took: dict[str, float] = {}
+            for name in names[turn % 3 :] + names[: turn % 3]:
+                began = time.perf_counter()
+                for i in ids:
+                    contenders[name](i)
+                took[name] = time.perf_counter() - began
+                totals[name] += took[name]
+            turns.append(took)
+        for table in ("plain", "atomic_orders", "forward_orders"):
+            count = conn.execute(f'SELECT count(*) FROM "{schema}".{table}').fetchone()
+            assert count is not None, table
+            assert count[0] == ops * 10, (table, count)
+    done = ops - 1
+    out = {f"{name}_ms": totals[name] * 1000 / done for name in names}
+    for mode in ("atomic", "forward"):
+        out[f"{mode}_ratio"] = totals[mode] / totals["plain"]
+        out[f"{mode}_ratio_turns_median"] = statistics.median(t[mode] / t["plain"] for t in turns)
+    return out
+
+
 def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object]:
     """Rounds alternate plain, atomic, forward; each round in a fresh schema."""
     src = work / "small"
@@ -357,6 +428,23 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
             f"  round {n + 1}: plain {got['plain']['ms']:.3f} ms  "
             f"atomic {got['atomic']['ms']:.3f} ms (replay {got['atomic']['replay_ms']:.3f})  "
             f"forward {got['forward']['ms']:.3f} ms (replay {got['forward']['replay_ms']:.3f})",
+            flush=True,
+        )
+    passes: list[dict[str, float]] = []
+    for n in range(repeat):
+        schema = f"s_{uuid.uuid4().hex[:8]}"
+        schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
+        try:
+            passes.append(_interleaved(work, dsn, schema, ops, INTERLEAVE_BLOCK))
+        finally:
+            schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
+            schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        got_pass = passes[-1]
+        print(
+            f"  interleaved {n + 1} (turns of {INTERLEAVE_BLOCK}): plain "
+            f"{got_pass['plain_ms']:.3f} ms  atomic {got_pass['atomic_ms']:.3f} ms "
+            f"({got_pass['atomic_ratio']:.2f}x)  forward {got_pass['forward_ms']:.3f} ms "
+            f"({got_pass['forward_ratio']:.2f}x)",
             flush=True,
         )
 
@@ -384,7 +472,13 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
         out[f"{mode}_replay_ms_per_op_median"] = round(statistics.median(col(mode, "replay_ms")), 3)
         out[f"{mode}_replay_wal_syncs"] = max(col(mode, "replay_wal"))
         out[f"{mode}_replay_target_writes"] = max(col(mode, "replay_target_writes"))
+    for mode in ("atomic", "forward"):
+        # the budget's judge: the median pass of the interleaved turns (_interleaved)
+        out[f"{mode}_ratio_interleaved"] = round(
+            statistics.median(p[f"{mode}_ratio"] for p in passes), 2
+        )
     out["each_round"] = [{m: {k: round(v, 3) for k, v in r[m].items()} for m in r} for r in rounds]
+    out["each_interleaved"] = [{k: round(v, 3) for k, v in p.items()} for p in passes]
     return out
 
 
@@ -401,11 +495,12 @@ def bench_small_private(work: Path, ops: int, repeat: int) -> dict[str, object]:
 
 
 def small_checks(small: dict[str, object]) -> dict[str, bool]:
-    """The issue's small-operation budgets, judged on the best round (medians reported too)."""
+    """The issue's small-operation budgets: the ratios judged on the interleaved passes'
+    median (the rounds' best and median ratios are reported beside them)."""
     num = {k: float(v) for k, v in small.items() if isinstance(v, int | float)}
     return {
-        "small atomic <= 1.5x": num["atomic_ratio"] <= 1.5,
-        "small forward <= 3x": num["forward_ratio"] <= 3,
+        "small atomic <= 1.5x (interleaved)": num["atomic_ratio_interleaved"] <= 1.5,
+        "small forward <= 3x (interleaved)": num["forward_ratio_interleaved"] <= 3,
         "replay <= 0.5 ms": max(num["atomic_replay_ms_per_op"], num["forward_replay_ms_per_op"])
         <= 0.5,
         "replay writes nothing": num["atomic_replay_target_writes"] == 0
