@@ -200,7 +200,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         CREATE OR REPLACE FUNCTION {s}.dpone_refuse_removal() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
-            RAISE EXCEPTION '% rows are kept: history and attempts refer to them',
+            RAISE EXCEPTION '% rows are kept: the journal never deletes or re-keys them',
                 TG_TABLE_NAME USING ERRCODE = 'restrict_violation';
         END
         $$
