@@ -311,6 +311,10 @@ def test_a_version_4_schema_trades_its_foreign_keys_for_triggers(
         "dpone_transitions",
     ]
     monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", 5)
+    with PostgresCommitJournal(pg_available, schema=pg_schema, read_only=True) as look:
+        assert look.get(entry.operation_id) == entry  # read as it is, never migrated
+        assert look.migrate() == []
+    assert len(foreign_keys()) == 3
     with PostgresCommitJournal(pg_available, schema=pg_schema) as new:
         assert new.migrate() == [5]
         assert new.get(entry.operation_id) == entry
