@@ -26,11 +26,17 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from dpone.testing.crash import write_orders_csv
+
+if TYPE_CHECKING:
+    from dpone.config.workload import Workload
 
 PLAIN_COPY = r"""
 import sys, psycopg
@@ -61,6 +67,8 @@ load: {{strategy: append}}
 
 #: Operations per contender and turn in the interleaved passes (_interleaved).
 INTERLEAVE_BLOCK = 50
+#: The issue's small-operation budgets: a mode's time over the plain loop's.
+SMALL_BUDGETS = {"atomic": 1.5, "forward": 3.0}
 
 
 def other_db(dsn: str, db: str) -> str:
@@ -238,7 +246,7 @@ def wal_syncs(dsn: str) -> int:
     return int(row[0])
 
 
-def _small_workload(work: Path, dsn: str, journal: str, schema: str, table: str) -> object:
+def _small_workload(work: Path, dsn: str, journal: str, schema: str, table: str) -> Workload:
     from dpone.config.workload import parse_workload
 
     return parse_workload(
@@ -280,21 +288,45 @@ def _table_writes(dsn: str, schema: str, table: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _plain_writer(conn: psycopg.Connection[Any], schema: str, ops: int) -> Callable[[int], None]:
+    """Create the plain table; return the baseline's operation ``i``: one transaction of its
+    10 rows (built beforehand, outside any timing) on ``conn``."""
+    conn.execute(
+        f'CREATE TABLE "{schema}".plain (order_id bigint, customer text, '
+        "amount double precision, ordered_at timestamptz)"
+    )
+    conn.commit()
+    insert = f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)'
+    rows = [[(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)] for i in range(ops)]
+
+    def write(i: int) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(insert, rows[i])
+        conn.commit()
+
+    return write
+
+
+@contextmanager
+def _fresh_schema(dsn: str) -> Iterator[str]:
+    """A new schema for one round or pass, dropped afterwards in both databases."""
+    schema = f"s_{uuid.uuid4().hex[:8]}"
+    schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
+    try:
+        yield schema
+    finally:
+        schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
+        schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 def _small_plain(dsn: str, schema: str, ops: int) -> dict[str, float]:
     """One plain transaction of 10 rows per operation, one connection."""
-    rows = [[(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)] for i in range(ops)]
     with psycopg.connect(dsn) as conn:
-        conn.execute(
-            f'CREATE TABLE "{schema}".plain (order_id bigint, customer text, '
-            "amount double precision, ordered_at timestamptz)"
-        )
-        conn.commit()
+        write = _plain_writer(conn, schema, ops)
         syncs = wal_syncs(dsn)
         started, cpu = time.perf_counter(), time.process_time()
-        for batch in rows:
-            with conn.cursor() as cur:
-                cur.executemany(f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)', batch)
-            conn.commit()
+        for i in range(ops):
+            write(i)
         took = (time.perf_counter() - started) * 1000 / ops
         cpu_ms = (time.process_time() - cpu) * 1000 / ops
     return {"ms": took, "cpu_ms": cpu_ms, "wal": (wal_syncs(dsn) - syncs) / ops}
@@ -309,7 +341,7 @@ def _small_dpone(
     table = f"{mode}_orders"
     workload = _small_workload(work, dsn, journal, schema, table)
     out: dict[str, float] = {}
-    with Runner(workload) as runner:  # type: ignore[arg-type]
+    with Runner(workload) as runner:
         runner.run(interval="2026-11-01/2026-11-02", partition="0")  # warm up, DDL
         syncs = wal_syncs(dsn)
         started, cpu = time.perf_counter(), time.process_time()
@@ -322,7 +354,7 @@ def _small_dpone(
     # write counted from here on was made by the replays.
     time.sleep(1.0)
     before = _table_writes(dsn, schema, table)
-    with Runner(workload) as runner:  # type: ignore[arg-type]
+    with Runner(workload) as runner:
         assert runner.run(interval="2026-11-01/2026-11-02", partition="0").replayed  # warm
         syncs = wal_syncs(dsn)
         started, cpu = time.perf_counter(), time.process_time()
@@ -355,29 +387,22 @@ def _interleaved(work: Path, dsn: str, schema: str, ops: int, block: int) -> dic
     interval = "2026-11-01/2026-11-02"
     with (
         psycopg.connect(dsn) as conn,
-        Runner(_small_workload(work, dsn, dsn, schema, "atomic_orders")) as atomic,  # type: ignore[arg-type]
-        Runner(  # type: ignore[arg-type]
+        Runner(_small_workload(work, dsn, dsn, schema, "atomic_orders")) as atomic,
+        Runner(
             _small_workload(work, dsn, other_db(dsn, "postgres"), schema, "forward_orders")
         ) as forward,
     ):
-        conn.execute(
-            f'CREATE TABLE "{schema}".plain (order_id bigint, customer text, '
-            "amount double precision, ordered_at timestamptz)"
-        )
-        conn.commit()
-        insert = f'INSERT INTO "{schema}".plain VALUES (%s, %s, %s, %s)'
 
-        def plain(i: int) -> None:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    insert, [(i * 10 + j, "c", 1.0, "2026-11-01T00:00:00Z") for j in range(10)]
-                )
-            conn.commit()
+        def through(runner: Runner) -> Callable[[int], None]:
+            def run_one(i: int) -> None:
+                runner.run(interval=interval, partition=str(i))
+
+            return run_one
 
         contenders = {
-            "plain": plain,
-            "atomic": lambda i: atomic.run(interval=interval, partition=str(i)),
-            "forward": lambda i: forward.run(interval=interval, partition=str(i)),
+            "plain": _plain_writer(conn, schema, ops),
+            "atomic": through(atomic),
+            "forward": through(forward),
         }
         for run_one in contenders.values():
             run_one(0)  # warm up: DDL, the journal's first statements
@@ -403,7 +428,7 @@ def _interleaved(work: Path, dsn: str, schema: str, ops: int, block: int) -> dic
     done = ops - 1
     out = {f"{name}_ms": totals[name] * 1000 / done for name in names}
     out.update({f"{name}_cpu_ms": cpu[name] * 1000 / done for name in names})
-    for mode, budget in (("atomic", 1.5), ("forward", 3.0)):
+    for mode, budget in SMALL_BUDGETS.items():
         out[f"{mode}_ratio"] = totals[mode] / totals["plain"]
         out[f"{mode}_ratio_turns_median"] = statistics.median(t[mode] / t["plain"] for t in turns)
         # The ratio this mode would have if its client did no more work than the plain
@@ -429,15 +454,10 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
         write_orders_csv(src / f"p{i}.csv", 10, start_id=i * 10)
     rounds: list[dict[str, dict[str, float]]] = []
     for n in range(repeat):
-        schema = f"s_{uuid.uuid4().hex[:8]}"
-        schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
-        try:
+        with _fresh_schema(dsn) as schema:
             got = {"plain": _small_plain(dsn, schema, ops)}
             for mode, journal in (("atomic", dsn), ("forward", other_db(dsn, "postgres"))):
                 got[mode] = _small_dpone(work, dsn, journal, schema, mode, ops)
-        finally:
-            schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
-            schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         rounds.append(got)
         print(
             f"  round {n + 1}: plain {got['plain']['ms']:.3f} ms  "
@@ -447,13 +467,8 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
         )
     passes: list[dict[str, float]] = []
     for n in range(repeat):
-        schema = f"s_{uuid.uuid4().hex[:8]}"
-        schema_sql(dsn, f'CREATE SCHEMA "{schema}"')
-        try:
+        with _fresh_schema(dsn) as schema:
             passes.append(_interleaved(work, dsn, schema, ops, INTERLEAVE_BLOCK))
-        finally:
-            schema_sql(dsn, f'DROP SCHEMA "{schema}" CASCADE')
-            schema_sql(other_db(dsn, "postgres"), f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         got_pass = passes[-1]
         print(
             f"  interleaved {n + 1} (turns of {INTERLEAVE_BLOCK}): plain "
@@ -522,8 +537,10 @@ def small_checks(small: dict[str, object]) -> dict[str, bool]:
     median (the rounds' best and median ratios are reported beside them)."""
     num = {k: float(v) for k, v in small.items() if isinstance(v, int | float)}
     return {
-        "small atomic <= 1.5x (interleaved)": num["atomic_ratio_interleaved"] <= 1.5,
-        "small forward <= 3x (interleaved)": num["forward_ratio_interleaved"] <= 3,
+        **{
+            f"small {mode} <= {budget:g}x (interleaved)": num[f"{mode}_ratio_interleaved"] <= budget
+            for mode, budget in SMALL_BUDGETS.items()
+        },
         "replay <= 0.5 ms": max(num["atomic_replay_ms_per_op"], num["forward_replay_ms_per_op"])
         <= 0.5,
         "replay writes nothing": num["atomic_replay_target_writes"] == 0
