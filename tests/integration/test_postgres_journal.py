@@ -273,13 +273,15 @@ def test_entries_and_runs_that_history_refers_to_are_kept(
     run, _ = journal.begin_run(start)
     journal.begin_attempt(run_id=run.run_id, attempt=1, owner=OWNER_A, provenance=CLI)
     history = journal.history(entry.operation_id)
+    recorded = journal.get_run(run.run_id)
+    assert recorded is not None
     wanted = entry.operation_id if table == "dpone_journal" else run.run_id
     sql = statement.format(t=f'"{pg_schema}".{table}', k=key)
     with pytest.raises(psycopg.errors.RestrictViolation, match=f"{table} rows are kept"):
         admin.execute(sql, {"id": wanted} if "%(id)s" in sql else None)
     assert journal.get(entry.operation_id) == entry
     assert journal.history(entry.operation_id) == history
-    assert journal.get_run(run.run_id) == journal.get_run(start.run_id) is not None
+    assert journal.get_run(run.run_id) == recorded
     assert [a.attempt for a in journal.attempts(run.run_id)] == [1]
 
 
