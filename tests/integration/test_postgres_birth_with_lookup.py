@@ -215,7 +215,7 @@ def test_a_runner_sends_the_birth_with_the_lookup_once_the_plan_is_checked(
         )
     journal = pg_available.rsplit("/", 1)[0] + "/postgres"
     calls: list[str] = []
-    for name in ("find_run", "find_run_or_create_committing"):
+    for name in ("find_run", "find_run_or_create_committing", "send_find_run_or_create_committing"):
         real = getattr(PostgresCommitJournal, name)
 
         def spy(self: Any, *args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
@@ -231,7 +231,7 @@ def test_a_runner_sends_the_birth_with_the_lookup_once_the_plan_is_checked(
             replay = runner.run(interval=INTERVAL, partition="1")
             assert _counts(journal, pg_schema) == writes
         # the first operation creates the table, the second finds it and checks the plan
-        assert calls == ["find_run", "find_run", *["find_run_or_create_committing"] * 2]
+        assert calls == ["find_run", "find_run", *["send_find_run_or_create_committing"] * 2]
         assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 3
         assert (replay.replayed, replay.attempt) == (True, 1)
         store = PostgresCommitJournal(journal, schema=pg_schema)

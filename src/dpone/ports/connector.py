@@ -11,6 +11,8 @@ from dpone.contracts.load import LoadPlan, MutationReport
 __all__ = [
     "CannotQueueAhead",
     "Collector",
+    "Gate",
+    "GatedConnectorPort",
     "QueuedWithin",
     "Rows",
     "TargetConnectorPort",
@@ -24,6 +26,9 @@ WithinTransaction = Callable[[object], None]  # called with the open transaction
 #: error the transaction's sync raised (it raises its own translation when one of its
 #: statements failed, else returns), or with None when every statement succeeded.
 Collector = Callable[[BaseException | None], None]
+#: Called by ``GatedConnectorPort.mutate`` before its first byte to the target; what it
+#: raises stops the write with nothing sent (ADR 0021).
+Gate = Callable[[], None]
 
 
 class QueuedWithin:
@@ -167,4 +172,34 @@ class TargetProbePort(Protocol):
 
     def drop_table(self, table: str) -> None:
         """Drop ``table`` if it exists (certification's scratch tables only)."""
+        ...
+
+
+class GatedConnectorPort(TargetConnectorPort, Protocol):
+    """A connector whose ``mutate`` calls a gate before it touches the target (ADR 0021)."""
+
+    @property
+    def gates_writes(self) -> bool:
+        """True: ``mutate(gate=...)`` calls the gate before its first byte to the target."""
+        ...
+
+    def mutate(
+        self,
+        *,
+        operation_id: str,
+        intent_digest: str,
+        epoch: int,
+        plan: LoadPlan,
+        batches: Rows,
+        content_digest: str,
+        within: WithinTransaction | None = None,
+        prepare: bool = False,
+        gate: Gate | None = None,
+    ) -> MutationReport:
+        """``TargetConnectorPort.mutate``; ``gate`` is called, once, before the target is touched.
+
+        Only work that needs no target (checking the plan, reading the rows, building
+        the statements) may come before it. What the gate raises propagates unchanged,
+        and nothing was sent to the target then.
+        """
         ...

@@ -11,11 +11,13 @@ from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, Ru
 from dpone.contracts.states import CommitState
 
 __all__ = [
+    "BirthAnswer",
     "FindingLedgerPort",
     "FoldingLedgerPort",
     "LookupLedgerPort",
     "RunEndingLedgerPort",
     "RunLedgerPort",
+    "SendingLedgerPort",
 ]
 
 
@@ -131,6 +133,37 @@ class FindingLedgerPort(LookupLedgerPort, Protocol):
 
         Raises:
             JournalUnavailable: the store could not be read or written.
+        """
+        ...
+
+
+#: Reads the answer of a birth sent ahead, once: what ``find_run_or_create_committing``
+#: returns, and raises what it raises.
+BirthAnswer = Callable[[], "tuple[RunRecord | None, JournalEntry | None, bool]"]
+
+
+class SendingLedgerPort(FindingLedgerPort, Protocol):
+    """A ledger that sends that birth ahead of its answer (forward mode, ADR 0021)."""
+
+    def send_find_run_or_create_committing(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> BirthAnswer | None:
+        """``find_run_or_create_committing``, sent now, its answer read by what this returns.
+
+        None, sending nothing, when it cannot send ahead now: the caller makes the call.
+        Nothing may touch the target for this operation before the answer says born.
+
+        Raises:
+            JournalUnavailable: the store could not be written (also from the answer).
         """
         ...
 

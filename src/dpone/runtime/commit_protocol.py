@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
@@ -38,6 +39,7 @@ from dpone.ports.checkpoint import CheckpointStorePort, TransactionalCheckpointS
 from dpone.ports.connector import (
     CannotQueueAhead,
     Collector,
+    GatedConnectorPort,
     QueuedWithin,
     TargetConnectorPort,
     WithinTransaction,
@@ -49,9 +51,11 @@ from dpone.ports.journal import (
     ProvenCompletionJournalPort,
     TransactionalJournalPort,
 )
+from dpone.ports.ledger import BirthAnswer
 from dpone.ports.source import SourcePort
 from dpone.runtime import failpoints
 from dpone.runtime._log import LazyLogger
+from dpone.runtime.birth import BirthUnread, NotBorn, SentBirth
 from dpone.runtime.lease import LeaseKeeper, acquire
 from dpone.runtime.rows import RowTally, counted, within_interval
 
@@ -197,6 +201,14 @@ class CommitProtocol:
         #: the new operation was born at one sync, the journal's INSERT ahead of its
         #: rows: the caller may try its next operation without a lookup (ADR 0019)
         self.born_at_once = False
+        # the birth the caller sent ahead of its answer (``birth_sent``, ADR 0021)
+        self._sent: SentBirth | None = None
+        # a connector that calls a gate before it touches the target (ADR 0021)
+        self._gated: GatedConnectorPort | None = (
+            cast(GatedConnectorPort, connector)
+            if getattr(connector, "gates_writes", False)
+            else None
+        )
 
     @property
     def mode(self) -> RunMode:
@@ -218,6 +230,45 @@ class CommitProtocol:
         if checked is None or not checked(spec.plan):
             return None
         return self._committing_birth(spec)
+
+    @property
+    def births_ahead(self) -> bool:
+        """Whether a ``birth`` may be sent ahead of its answer (``birth_sent``, ADR 0021).
+
+        The target must call a gate before it is touched, and no failpoint may be armed:
+        the answer is then read at the gate, after the protocol's own steps, so the
+        order failpoints mark would not be the order of the writes.
+        """
+        return self._gated is not None and not failpoints.any_armed()
+
+    def birth_sent(self, spec: OperationSpec, answer: BirthAnswer) -> JournalEntry:
+        """Take a ``birth`` sent ahead of ``answer``; the entry to pass to ``run`` as ``born``.
+
+        The answer is read at the connector's gate, before the target is touched, or
+        before anything else depends on it; ``run`` then raises ``NotBorn`` when the
+        operation was not born (nothing was written), or ``BirthUnread`` with the
+        journal's error.
+        """
+        self._sent = SentBirth(
+            answer,
+            operation_id=spec.operation_id,
+            intent_digest=spec.intent_digest,
+            owner=self._owner,
+            on_born=lambda entry: self._emit(entry, "intent"),
+        )
+        return self._sent.expected
+
+    def confirm_birth(self) -> None:
+        """Read a birth sent ahead, if still unread; raises as ``run`` does when not born."""
+        if self._sent is not None:
+            self._sent.confirm()
+
+    def _born(self, entry: JournalEntry) -> JournalEntry:
+        """``entry``, or for the birth sent ahead, the entry its answer bore (the gate)."""
+        sent = self._sent
+        if sent is None or entry is not sent.expected:
+            return entry
+        return sent.confirm()
 
     def may_skip_lookup(self, spec: OperationSpec) -> bool:
         """Whether ``run(unread=True)`` may try ``spec`` as new without reading the journal.
@@ -317,7 +368,8 @@ class CommitProtocol:
         # only this executor leases with its owner label: ours means born just now
         if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
             held = existing
-        self._emit(existing, "intent")
+        if self._sent is None or existing is not self._sent.expected:
+            self._emit(existing, "intent")  # else once the gate has read the birth
         try:
             failpoints.hit("after:journal.create")
             if held is not None and held.state is S.COMMITTING:
@@ -442,8 +494,16 @@ class CommitProtocol:
         """Write the data with the fence, prove it, and complete the journal."""
         failpoints.hit("before:fence.mutate")
         tally = RowTally()
+        sent = self._sent if self._sent is not None and entry is self._sent.expected else None
+        mutate: Callable[..., MutationReport] = self._connector.mutate
+        if sent is not None:
+            if self._gated is not None:
+                # the birth's answer is read at the gate, before the target is touched
+                mutate = functools.partial(self._gated.mutate, gate=sent)
+            else:
+                sent()  # never (``births_ahead``): read before the target is touched
         try:
-            report = self._connector.mutate(
+            report = mutate(
                 operation_id=spec.operation_id,
                 intent_digest=spec.intent_digest,
                 epoch=entry.lease_epoch,
@@ -453,13 +513,18 @@ class CommitProtocol:
                 within=_before_commit(),
                 prepare=True,
             )
+        except (NotBorn, BirthUnread):
+            raise  # nothing was sent to the target: the run service starts over
         except FencedOut:
+            entry = self._born(entry)
             raise self._stale_or_conflict(entry, "the fence refused the write") from None
         except Exception as exc:
+            entry = self._born(entry)  # read before anything is recorded of this failure
             settled = self._settle_failed_mutation(spec, entry, exc)
             if settled is None:
                 raise
             return settled
+        entry = self._born(entry)
         failpoints.hit("after:fence.mutate")
         if self._connector.capability is FenceCapability.NONE:
             # the in-process acknowledgement is the only proof this route has
@@ -1205,6 +1270,7 @@ class CommitProtocol:
         )
 
     def _release(self, entry: JournalEntry) -> None:
+        entry = self._born(entry)  # a birth never read is not released: not born, or unknown
         if (entry.operation_id, entry.lease_epoch) in self._ended:
             return  # the COMPLETE write already ended this lease
         try:

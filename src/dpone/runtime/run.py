@@ -51,8 +51,10 @@ from dpone.ports.ledger import (
     FoldingLedgerPort,
     LookupLedgerPort,
     RunLedgerPort,
+    SendingLedgerPort,
 )
 from dpone.runtime._log import LazyLogger
+from dpone.runtime.birth import BirthUnread, Found, NotBorn
 from dpone.runtime.commit_protocol import (
     UNREAD,
     CommitProtocol,
@@ -147,6 +149,13 @@ class RunService:
             and callable(getattr(ledger, "find_run_or_create_committing", None))
             else None
         )
+        # ... and that sends it ahead of its answer, read at the target's gate (ADR 0021)
+        self._sends_births: SendingLedgerPort | None = (
+            cast(SendingLedgerPort, ledger)
+            if self._finds_or_creates is not None
+            and callable(getattr(ledger, "send_find_run_or_create_committing", None))
+            else None
+        )
         # ... and one that queues the run with the entry in the target transaction, so a
         # new operation may be tried before any lookup, after one that was new (ADR 0019)
         self._streak = (
@@ -198,7 +207,9 @@ class RunService:
         make_protocol: ProtocolFactory,
         *,
         look_up: bool = False,
+        found: Found | None = None,
     ) -> OperationResult:
+        """One try; ``look_up``: after one that learnt nothing or ``found`` (ADR 0019, 0021)."""
         tr = _Try(self, start, request)
         protocol = make_protocol(tr.record_attempt)
         streak = self._streak
@@ -209,7 +220,7 @@ class RunService:
         if unread:
             known, born = None, None  # tried as new; ``LookupFirst`` if it is not
         else:
-            known, born = tr.look_up(spec, protocol)
+            known, born = tr.look_up(spec, protocol, ahead=not look_up, found=found)
         if not tr.recorded and known is None and self._folding is not None:
             tr.fold = self._new_run_fold(
                 start, request, self._folding, tr.ensure_run, born=born is not None
@@ -228,13 +239,22 @@ class RunService:
                     born=born,
                     unread=unread,
                 )
-        except LookupFirst:
-            result = None  # nothing was written or recorded: this try starts over below
+        except (LookupFirst, NotBorn) as again:
+            # nothing was written or recorded: this try starts over below, from what a
+            # birth sent ahead found instead (ADR 0021)
+            result = None
+            found = again.found if isinstance(again, NotBorn) else None
+        except BirthUnread as lost:
+            raise lost.error from lost.error.__cause__  # as the lookup would have
         except LeaseHeld as exc:
             # in flight in another process: that attempt owns the run; record nothing
             exc.hint = exc.hint or f"run {tr.run_id} is in flight; rerun later to see it"
             raise
         except Exception as exc:
+            # a birth sent ahead is read before the run is ended
+            found = _found_instead(protocol)
+            if found is not None:  # not born: this failure was of a try for nothing
+                return self._once(start, request, spec, make_protocol, found=found)
             if fold is not None and fold.committed:
                 raise  # the run ended COMPLETE with the operation's COMPLETE: as it is
             tr.claim_begun()
@@ -242,7 +262,7 @@ class RunService:
                 self._end(tr.run_id, tr.recorded, tr.mine, run_state_for(exc), RunError.of(exc))
             raise
         if result is None:  # with the lookup, whatever another thread's try taught
-            return self._once(start, request, spec, make_protocol, look_up=True)
+            return self._once(start, request, spec, make_protocol, look_up=True, found=found)
         if fold is not None and fold.committed:
             if streak is not None and protocol.born_at_once and not look_up:
                 streak.expected = True  # born at one sync: the next may be too
@@ -409,25 +429,43 @@ class _Try:
         return self._take(found, entry)
 
     def look_up(
-        self, spec: OperationSpec, protocol: CommitProtocol
+        self, spec: OperationSpec, protocol: CommitProtocol, *, ahead: bool, found: Found | None
     ) -> tuple[JournalEntry | Unread | None, JournalEntry | None]:
         """``read``, and the entry this try had born with the run when they were new.
 
         Where the ledger and the protocol can, the lookup and a new entry's birth are one
-        statement (ADR 0018); else the run is read as always.
+        statement (ADR 0018); else the run is read as always. With ``ahead``, where they
+        can, that statement is sent ahead of its answer (ADR 0021): the entry returned is
+        then the protocol's stand-in until its gate reads the answer. ``found``: what such
+        a birth found instead (``NotBorn``), taken as this lookup's.
         """
+        if found is not None:
+            return self._found(*found), None
         finder = self._service._finds_or_creates
         birth = protocol.birth(spec) if finder is not None else None
         if finder is None or birth is None:
             return self.read(), None
-        found, entry, born = finder.find_run_or_create_committing(
+        sender = self._service._sends_births
+        if ahead and sender is not None and protocol.births_ahead:
+            answer = sender.send_find_run_or_create_committing(
+                self._start, provenance=self._request.provenance, **birth
+            )
+            if answer is not None:
+                return None, protocol.birth_sent(spec, answer)
+        run, entry, born = finder.find_run_or_create_committing(
             self._start, provenance=self._request.provenance, **birth
         )
         if born:
             return None, entry
-        if found is None and entry is None:
-            return self.read(), None  # created meanwhile by another executor: read it
-        return self._take(found, entry), None
+        return self._found(run, entry), None
+
+    def _found(
+        self, run: RunRecord | None, entry: JournalEntry | None
+    ) -> JournalEntry | Unread | None:
+        """What a birth-or-lookup found instead of a birth (``_take``'s answer)."""
+        if run is None and entry is None:
+            return self.read()  # created meanwhile by another executor: read it
+        return self._take(run, entry)
 
     def _take(self, found: RunRecord | None, entry: JournalEntry | None) -> JournalEntry | None:
         """What a lookup found: the run under the key (checked) and the operation's entry."""
@@ -472,6 +510,21 @@ class _Try:
 def _unused_writer(txn: object) -> None:
     """``RunFold.write`` when ``create_complete`` writes the run (never called then)."""
     raise AssertionError("the run is written with the entry (RunFold.create_complete)")
+
+
+def _found_instead(protocol: CommitProtocol) -> Found | None:
+    """What a birth sent ahead found instead of bearing the entry; None: born, or none sent.
+
+    Reads the answer if it is still unread; a journal error reading it is raised as the
+    lookup would have raised it.
+    """
+    try:
+        protocol.confirm_birth()
+    except NotBorn as not_born:
+        return not_born.found
+    except BirthUnread as lost:
+        raise lost.error from lost.error.__cause__
+    return None
 
 
 def check_replay(run: RunRecord, start: RunStart) -> None:

@@ -49,6 +49,7 @@ from dpone.errors import (
 from dpone.ports.connector import (
     CannotQueueAhead,
     Collector,
+    Gate,
     QueuedWithin,
     Rows,
     WithinTransaction,
@@ -351,6 +352,31 @@ def _offers_large_file(batches: Rows) -> bool:
     """
     size = raw_csv_size_of(batches)
     return size is not None and size > SMALL_FILE_BYTES
+
+
+def _small_fields(
+    plan: _Plan,
+    raw: LoadPlan,
+    rows: list[Sequence[object]],
+    *,
+    operation_id: str,
+    intent_digest: str,
+    epoch: int,
+    content_digest: str,
+    prepare: bool,
+) -> tuple[tuple[sql.Composed, tuple[object, ...]] | None, list[object]]:
+    """The small path's clearing statement (``replace_interval``) and all its parameters."""
+    count = len(rows)
+    clear = _clear_statement(plan, raw)
+    params: list[object] = (
+        [operation_id, intent_digest, epoch, count, content_digest]
+        if prepare
+        else [count, content_digest, operation_id, epoch, intent_digest]
+    )
+    if clear is not None:
+        params.extend(clear[1])
+    params.extend(_insert_params(rows, len(plan.columns), operation_id=operation_id))
+    return clear, params
 
 
 def _take_small(batches: Rows, limit: int) -> tuple[list[Sequence[object]] | None, Rows]:
@@ -875,6 +901,8 @@ class PostgresConnector:
 
     #: a ``QueuedWithin(ahead=True)`` is sent before the rows, or refused (ADR 0019)
     queues_ahead = True
+    #: ``mutate(gate=...)`` calls the gate before its first byte to the target (ADR 0021)
+    gates_writes = True
 
     def __init__(
         self,
@@ -1164,12 +1192,14 @@ class PostgresConnector:
         content_digest: str,
         within: WithinTransaction | None = None,
         prepare: bool = False,
+        gate: Gate | None = None,
     ) -> MutationReport:
         """Write the rows and mark the fence committed in one transaction, or nothing.
 
         With ``prepare`` the fence is first installed or raised to ``epoch`` by the same
         locking upsert as ``prepare``, inside this transaction: the row lock it takes is
-        held to the commit, exactly like ``FOR UPDATE``.
+        held to the commit, exactly like ``FOR UPDATE``. ``gate`` is called after the
+        plan is checked and a few rows are read, before the first byte to the target.
         """
         checked = self._plan(plan)
         key = _verified_key(plan)
@@ -1185,15 +1215,30 @@ class PostgresConnector:
             small, batches = _take_small(batches, limit)
         if small is None and isinstance(within, QueuedWithin) and within.ahead:
             raise CannotQueueAhead  # the rows would go first (COPY): nothing written
+        fields, count = None, 0
+        if small is not None:
+            count = len(small)
+            fields = _small_fields(
+                checked,
+                plan,
+                small,
+                operation_id=operation_id,
+                intent_digest=intent_digest,
+                epoch=epoch,
+                content_digest=content_digest,
+                prepare=prepare,
+            )
+        if gate is not None:
+            gate()  # raises to stop here: nothing was sent to the target
         try:
             with self._session(action="mutate", operation_id=operation_id) as conn:
                 self._ensure_fence(conn)
-                if small is not None:
+                if fields is not None:
                     return self._mutate_small(
                         conn,
                         checked,
-                        plan,
-                        small,
+                        fields,
+                        count=count,
                         operation_id=operation_id,
                         intent_digest=intent_digest,
                         epoch=epoch,
@@ -1262,9 +1307,9 @@ class PostgresConnector:
         self,
         conn: psycopg.Connection[Any],
         plan: _Plan,
-        raw: LoadPlan,
-        rows: list[Sequence[object]],
+        fields: tuple[tuple[sql.Composed, tuple[object, ...]] | None, list[object]],
         *,
+        count: int,
         operation_id: str,
         intent_digest: str,
         epoch: int,
@@ -1282,16 +1327,7 @@ class PostgresConnector:
         COMMIT. A refusal or any error rolls the whole transaction back. The fence row
         the statement RETURNED is reported as committed only once COMMIT is acknowledged.
         """
-        count = len(rows)
-        clear = _clear_statement(plan, raw)
-        params: list[object] = (
-            [operation_id, intent_digest, epoch, count, content_digest]
-            if prepare
-            else [count, content_digest, operation_id, epoch, intent_digest]
-        )
-        if clear is not None:
-            params.extend(clear[1])
-        params.extend(_insert_params(rows, len(plan.columns), operation_id=operation_id))
+        clear, params = fields
         ahead = isinstance(within, QueuedWithin) and within.ahead
         if (
             prepare

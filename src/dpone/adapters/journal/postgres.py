@@ -21,6 +21,7 @@ from psycopg.rows import tuple_row
 
 from dpone.adapters import _pg
 from dpone.adapters.journal import _checkpoint_sql, _ledger_sql, _rules
+from dpone.adapters.journal._ahead import SendsAhead, SessionLost
 from dpone.adapters.journal._behind import Finish, WriteBehind
 from dpone.adapters.journal._rows import audit_from_row as _audit
 from dpone.adapters.journal._rows import entry_from_row as _entry
@@ -70,6 +71,7 @@ _SENDS_BEHIND = all(
     callable(getattr(psycopg.Pipeline, name, None))
     for name in ("_enqueue_sync", "_communicate_gen", "_fetch_gen")
 )
+_BIRTH_ACTION = "read the run and record the intent"
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 _FROM_PREPARING = frozenset({CommitState.PREPARING})
@@ -762,6 +764,8 @@ class PostgresCommitJournal:
         self._behind = WriteBehind()
         self._behind_held: tuple[_Conn, psycopg.Pipeline, ExitStack] | None = None
         self._behind_pid = os.getpid()
+        # forward mode's birth, sent ahead of its answer (ADR 0021)
+        self._ahead = SendsAhead(self._connect_ahead)
         self._pool: ConnectionPool[_Conn] | None = None
         self._ledger_pool: ConnectionPool[_Conn] | None = None
         self._ledger_pid = os.getpid()
@@ -1003,13 +1007,100 @@ class PostgresCommitJournal:
         one of them after this statement's snapshot; nothing of this write was kept, and
         the caller reads again.
         """
+        params = self._birth_params(
+            start,
+            provenance=provenance,
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            lease_ttl_seconds=lease_ttl_seconds,
+            evidence=evidence,
+        )
+        self._behind.settle(only=operation_id)
+        return self._find_or_create_now(start, params, actor=actor, repeated=False)
+
+    def send_find_run_or_create_committing(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None = None,
+    ) -> Callable[[], tuple[RunRecord | None, JournalEntry | None, bool]] | None:
+        """``find_run_or_create_committing``, sent now; what it returns is read later (ADR 0021).
+
+        Returns what reads the answer (once; it raises what the call would), or None,
+        sending nothing, when this journal cannot send ahead now (no pool, psycopg
+        without the pipeline calls ADR 0017 uses, or another birth's answer unread). A
+        bad value raises here. The statement commits on its own session, synchronously:
+        once the answer says born, the entry is durable. A session lost with the answer
+        unread is judged as ``_run`` judges a lost reply: the statement runs again on a
+        pooled session, and a birth that had landed is found as this call's own.
+        """
+        if not self.completes_behind:
+            return None
+        params = self._birth_params(
+            start,
+            provenance=provenance,
+            operation_id=operation_id,
+            intent_digest=intent_digest,
+            metadata=metadata,
+            actor=actor,
+            lease_ttl_seconds=lease_ttl_seconds,
+            evidence=evidence,
+        )
+        self._behind.settle(only=operation_id)
+        try:
+            answer = self._ahead.send(self._born_unless_found, params)
+        except psycopg.Error:
+            # maybe sent: answer as a repeat, which finds a birth that did land
+            return lambda: self._find_or_create_now(start, params, actor=actor, repeated=True)
+        if answer is None:
+            return None
+
+        def read() -> tuple[RunRecord | None, JournalEntry | None, bool]:
+            try:
+                row = answer()
+            except pg_errors.UniqueViolation:
+                return None, None, False  # created meanwhile: nothing of this write was kept
+            except SessionLost:
+                # lost with the answer: maybe born, judged as a repeat
+                return self._find_or_create_now(start, params, actor=actor, repeated=True)
+            except psycopg.Error as exc:
+                raise self._translate(exc, _BIRTH_ACTION) from exc
+            return self._birth_outcome(row, start, actor=actor, repeated=False)
+
+        return read
+
+    def _birth_params(
+        self,
+        start: RunStart,
+        *,
+        provenance: SafeMapping | None,
+        operation_id: str,
+        intent_digest: str,
+        metadata: Mapping[str, object],
+        actor: str,
+        lease_ttl_seconds: float,
+        evidence: Mapping[str, object] | None,
+    ) -> dict[str, Any]:
         params = self._committing_params(
             operation_id, intent_digest, metadata, actor, lease_ttl_seconds, evidence
         )
         params.update(self._run_params(start, owner=actor, provenance=provenance))
-        statement = self._born_unless_found
+        return params
 
-        sent: list[bool] = []
+    def _find_or_create_now(
+        self, start: RunStart, params: dict[str, Any], *, actor: str, repeated: bool
+    ) -> tuple[RunRecord | None, JournalEntry | None, bool]:
+        """The birth-or-lookup statement on a pooled session; ``repeated``: maybe ran before."""
+        statement = self._born_unless_found
+        sent: list[bool] = [True] if repeated else []
 
         def work(conn: _Conn) -> tuple[Any, ...] | None:
             sent.append(True)
@@ -1019,9 +1110,14 @@ class PostgresCommitJournal:
                 return None  # created meanwhile: nothing of this write was kept
 
         # Repeating is safe: a birth that did commit is then found by the lookup (below).
-        row = self._run(
-            "read the run and record the intent", work, repeatable=True, touching=operation_id
-        )
+        row = self._run_now(_BIRTH_ACTION, work, repeatable=True)
+        return self._birth_outcome(row, start, actor=actor, repeated=len(sent) > 1)
+
+    @staticmethod
+    def _birth_outcome(
+        row: tuple[Any, ...] | None, start: RunStart, *, actor: str, repeated: bool
+    ) -> tuple[RunRecord | None, JournalEntry | None, bool]:
+        """What the birth-or-lookup statement's row says; ``repeated``: it may have run twice."""
         if row is None:
             return None, None, False
         born = _RUN_WIDTH + _ENTRY_WIDTH
@@ -1029,7 +1125,7 @@ class PostgresCommitJournal:
             return None, _entry(tuple(row[born:])), True
         run, entry = _run_and_entry(row[:born])
         if (
-            len(sent) > 1
+            repeated
             and run is not None
             and entry is not None
             and run.run_id == start.run_id
@@ -1038,9 +1134,9 @@ class PostgresCommitJournal:
             and entry.lease_owner == actor
             and entry.lease_epoch == 1
         ):
-            # this call's own birth, repeated after its reply was lost (``_run``): born.
-            # Only then: the same owner's earlier try of the run (``call_with_retries``)
-            # left this too, and that one is resumed, as after any lookup.
+            # this call's own birth, repeated after its reply was lost: born. Only then:
+            # the same owner's earlier try of the run (``call_with_retries``) left this
+            # too, and that one is resumed, as after any lookup.
             return None, entry, True
         return run, entry, False
 
@@ -2036,6 +2132,7 @@ class PostgresCommitJournal:
         """Close the connection pool. Idempotent; a forked child leaves the parent's alone."""
         # the write behind the last caller is read first (ADR 0017), then its session closed
         self._behind.close(then=self._drop_behind_session)
+        self._ahead.close()
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -2509,6 +2606,17 @@ class PostgresCommitJournal:
         self._behind_held = (conn, pipeline, stack)
         self._behind_pid = os.getpid()
         return conn, pipeline
+
+    def _connect_ahead(self) -> _Conn:
+        """A session for births sent ahead (``SendsAhead``): autocommit, commits synchronously."""
+        self._ready_pool()  # migrated, and open
+        conn = psycopg.connect(self._dsn, **self._connect_kwargs)
+        try:
+            self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _drop_behind_session(self) -> None:
         held, self._behind_held = self._behind_held, None
