@@ -8,6 +8,7 @@ already checked sends it instead of a lookup followed by the birth.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,15 @@ from typing import Any
 import psycopg
 import pytest
 
+from dpone.adapters.connectors.postgres import PostgresConnector
+from dpone.adapters.journal._ahead import SendsAhead
 from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.api import Runner
 from dpone.config.workload import parse_workload
 from dpone.contracts.states import CommitState
+from dpone.errors import DponeError, ErrorCode
+from dpone.runtime import failpoints
+from dpone.runtime.commit_protocol import CommitProtocol
 from dpone.testing.crash import check_history
 from dpone.testing.ledger_conformance import CLI, ledger_problems, new_start
 
@@ -252,6 +258,202 @@ def test_a_runner_sends_the_birth_with_the_lookup_once_the_plan_is_checked(
         with psycopg.connect(pg_available) as conn:
             count = conn.execute(f'SELECT count(*) FROM "{pg_schema}".orders').fetchone()
         assert count == (9,)
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+# ------------------------------------------------------------- a birth sent ahead (ADR 0021)
+def _partitions(root: Path, count: int) -> None:
+    for i in range(count):
+        (root / f"p{i}.csv").write_text(
+            "order_id,customer\n" + "".join(f"{i * 10 + j},c\n" for j in range(3)),
+            encoding="utf-8",
+        )
+
+
+def _watch(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    """Record each birth sent ahead, its answer read, and each use of the target."""
+    real_send = SendsAhead.send
+    real_session = PostgresConnector._session
+
+    def send(self: SendsAhead, statement: Any, params: Any) -> Any:
+        answer = real_send(self, statement, params)
+        if answer is None:
+            return None
+        events.append("sent")
+
+        def read() -> Any:
+            row = answer()
+            events.append("answered")
+            return row
+
+        return read
+
+    def session(self: PostgresConnector, **kw: Any) -> Any:
+        events.append("target")
+        return real_session(self, **kw)
+
+    monkeypatch.setattr(SendsAhead, "send", send)
+    monkeypatch.setattr(PostgresConnector, "_session", session)
+
+
+def _rows(dsn: str, schema: str) -> tuple[int, int]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            f'SELECT count(*), count(DISTINCT order_id) FROM "{schema}".orders'
+        ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_the_target_is_touched_only_once_a_birth_sent_ahead_is_answered(
+    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the plan is checked, a new operation's birth is sent ahead: its answer is read
+    before the target's first use, every time. A replay sent ahead finds the entry and
+    never touches the target."""
+    _partitions(tmp_path, 4)
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    events: list[str] = []
+    try:
+        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+            for i in range(2):  # the table is created, then its plan checked
+                runner.run(interval=INTERVAL, partition=str(i))
+            _watch(monkeypatch, events)
+            new = [runner.run(interval=INTERVAL, partition=str(i)) for i in (2, 3)]
+            assert events == ["sent", "answered", "target"] * 2
+            del events[:]
+            replay = runner.run(interval=INTERVAL, partition="2")
+            assert events == ["sent", "answered"]
+        assert [(r.replayed, r.journal_version, r.attempt) for r in new] == [(False, 3, 1)] * 2
+        assert (replay.replayed, replay.rows_written) == (True, 3)
+        assert _rows(pg_available, pg_schema) == (12, 12)
+        store = PostgresCommitJournal(journal, schema=pg_schema)
+        try:
+            for result in new:
+                assert check_history(store.history(result.operation_id)) == []
+                problems = ledger_problems(store, operation_id=result.operation_id, journal_epoch=1)
+                assert problems == [], problems
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+def test_a_birth_whose_session_is_lost_before_its_answer_is_born_once(
+    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The birth committed and its session was killed before the answer was read: the
+    statement runs again on a pooled session, finds this call's own birth and says born.
+    The rows land once, the history is the ordinary one, and the next birth goes ahead on
+    a new session."""
+    _partitions(tmp_path, 4)
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    real_send = SendsAhead.send
+    killed: list[int] = []
+
+    def send_then_lose(self: SendsAhead, statement: Any, params: Any) -> Any:
+        answer = real_send(self, statement, params)
+        if killed or answer is None:
+            return answer
+        held = self._held
+        assert held is not None
+        pid = held[0].info.backend_pid
+        with psycopg.connect(journal, autocommit=True) as other:
+            for _ in range(500):  # until the birth has committed
+                found = other.execute(
+                    f'SELECT count(*) FROM "{pg_schema}".dpone_journal WHERE operation_id = %s',
+                    (params["operation_id"],),
+                ).fetchone()
+                if found == (1,):
+                    break
+                time.sleep(0.01)
+            assert found == (1,)
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        killed.append(pid)
+        return answer
+
+    try:
+        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+            for i in range(2):
+                runner.run(interval=INTERVAL, partition=str(i))
+            monkeypatch.setattr(SendsAhead, "send", send_then_lose)
+            results = [runner.run(interval=INTERVAL, partition=str(i)) for i in (2, 3)]
+        assert len(killed) == 1
+        assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 2
+        assert _rows(pg_available, pg_schema) == (12, 12)
+        store = PostgresCommitJournal(journal, schema=pg_schema)
+        try:
+            for result in results:
+                history = store.history(result.operation_id)
+                assert check_history(history) == [], history
+                assert [a.attempt for a in store.attempts(result.run_id)] == [1]
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+def test_a_failure_before_the_gate_is_recorded_as_without_a_birth_sent_ahead(
+    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows that cannot be read fail the operation after its birth was sent and before the
+    target is touched: the birth is read first, then the failure is recorded exactly as on
+    the path that waits for the birth (the same states and history, the lease released;
+    the target is then only read, to prove nothing was written). With a failpoint armed no
+    birth is sent ahead."""
+    _partitions(tmp_path, 2)
+    for i in (2, 3):
+        (tmp_path / f"p{i}.csv").write_text(
+            f"order_id,customer\n{i}0,c\n{i}1,c,extra\n", encoding="utf-8"
+        )
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    events: list[str] = []
+    try:
+        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+            for i in range(2):
+                runner.run(interval=INTERVAL, partition=str(i))
+            _watch(monkeypatch, events)
+            failed: list[DponeError] = []
+            for i in (2, 3):
+                if i == 3:  # the path that waits for the birth's answer
+                    monkeypatch.setattr(CommitProtocol, "births_ahead", property(lambda _: False))
+                with pytest.raises(DponeError) as caught:
+                    runner.run(interval=INTERVAL, partition=str(i))
+                failed.append(caught.value)
+            assert events[:2] == ["sent", "answered"]  # the first only
+            assert events.count("sent") == 1
+            monkeypatch.undo()
+            _watch(monkeypatch, events)
+            del events[:]
+            failpoints.configure("before:fence.seal=raise")  # armed, never reached here
+            try:
+                (tmp_path / "p4.csv").write_text("order_id,customer\n40,c\n", encoding="utf-8")
+                runner.run(interval=INTERVAL, partition="4")
+            finally:
+                failpoints.configure(None)
+            assert events == ["target"]
+        assert [e.code for e in failed] == [ErrorCode.SOURCE_INVALID] * 2
+        store = PostgresCommitJournal(journal, schema=pg_schema)
+        try:
+            recorded = []
+            for entry in store.list_entries():
+                if entry.state is CommitState.COMPLETE:
+                    continue
+                history = store.history(entry.operation_id)
+                recorded.append(
+                    (entry.state, entry.lease_owner, [(t.kind, t.to_state) for t in history])
+                )
+            assert len(recorded) == 2
+            assert recorded[0] == recorded[1]
+            assert recorded[0][0] is CommitState.FAILED_PRE_COMMIT
+            assert recorded[0][1] is None
+        finally:
+            store.close()
+        assert _rows(pg_available, pg_schema) == (7, 7)
     finally:
         with psycopg.connect(journal, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
