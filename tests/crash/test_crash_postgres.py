@@ -564,3 +564,99 @@ def test_kill_with_the_complete_behind_the_caller_then_rerun(
     finally:
         _drop(pg_available, schema)
         _drop(with_db(pg_available, "postgres"), schema)
+
+
+AHEAD_CHILD = """
+import os, signal, sys, time
+import psycopg
+from dpone.adapters.journal import _ahead
+from dpone.api import Runner
+workload, when, journal, schema = sys.argv[1:5]
+with Runner(workload) as runner:
+    for partition in ("0", "1"):  # the table is created, then its plan checked
+        runner.run(interval="2026-11-01/2026-11-02", partition=partition)
+    real = _ahead.SendsAhead.send
+
+    def send_then_die(self, statement, params):
+        answer = real(self, statement, params)
+        if answer is not None and when == "committed":
+            with psycopg.connect(journal, autocommit=True) as conn:
+                query = f'SELECT count(*) FROM "{schema}".dpone_journal WHERE operation_id = %s'
+                while conn.execute(query, (params["operation_id"],)).fetchone() != (1,):
+                    time.sleep(0.01)
+        if answer is not None:  # the birth sent, its answer unread, the target untouched
+            os.kill(os.getpid(), signal.SIGKILL)
+        return answer
+
+    _ahead.SendsAhead.send = send_then_die
+    runner.run(interval="2026-11-01/2026-11-02", partition="2")
+"""
+
+
+@pytest.mark.parametrize("when", ["sent", "committed"])
+def test_kill_with_the_birth_sent_ahead_and_unread_then_rerun(
+    pg_available: str, tmp_path: Path, when: str
+) -> None:
+    """Forward mode through a Runner: the process dies right after sending a new operation's
+    birth (ADR 0021), once at once and once after the birth committed. The target was not
+    touched; a rerun ends COMPLETE with every row exactly once and a run ledger that
+    agrees."""
+    schema = f"a_{uuid.uuid4().hex[:10]}"
+    route = Route(
+        root=tmp_path,
+        schema=schema,
+        journal_dsn=with_db(pg_available, "postgres"),
+        target_dsn=pg_available,
+    )
+    rows = 200
+    try:
+        for i in range(3):
+            write_orders_csv(tmp_path / "data" / f"p{i}.csv", rows, start_id=i * 1000)
+        route.workload(ttl=1, data="data/p{partition}.csv")
+        child = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                AHEAD_CHILD,
+                str(tmp_path / "w.yaml"),
+                when,
+                route.journal_dsn,
+                schema,
+            ],
+            check=False,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert child.returncode == KILLED, child.stderr
+        assert route.counts() == (2 * rows, 2 * rows)  # nothing of the third operation
+        journal = route.journal()
+        try:
+            states = sorted(e.state.value for e in journal.list_entries())
+        finally:
+            journal.close()
+        born = ["COMMITTING"] if when == "committed" else []
+        assert states in (["COMPLETE", "COMPLETE", *born], ["COMMITTING", "COMPLETE", "COMPLETE"])
+        time.sleep(1.2)  # a COMMITTING entry's lease (1 s) runs out
+        rerun = ("run", "w.yaml", "--interval", INTERVAL, "--partition", "2", "-q", "--no-progress")
+        outcome = run_until_done(rerun, cwd=tmp_path)
+        assert outcome.final == 0, outcome.last_stderr
+        assert EXIT_COMMIT_UNKNOWN not in outcome.codes
+        assert route.counts() == (3 * rows, 3 * rows)
+        journal = route.journal()
+        try:
+            entries = journal.list_entries()
+            assert [e.state for e in entries] == [CommitState.COMPLETE] * 3
+            for entry in entries:
+                history = journal.history(entry.operation_id)
+                assert check_history(history) == [], history
+                problems = ledger_problems(
+                    journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
+                )
+                assert problems == [], problems
+        finally:
+            journal.close()
+    finally:
+        _drop(pg_available, schema)
+        _drop(with_db(pg_available, "postgres"), schema)

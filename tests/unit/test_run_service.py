@@ -176,6 +176,9 @@ def test_a_failure_before_any_lease_never_ends_another_executors_attempt() -> No
         def run(self, _spec: object) -> None:
             raise JournalUnavailable("A's own connection dropped before any lease")
 
+        def confirm_birth(self) -> None:
+            """No birth was sent ahead (ADR 0021)."""
+
     with pytest.raises(JournalUnavailable):
         service.run(REQUEST, spec(), lambda _on_attempt: Unreachable())  # type: ignore[arg-type,return-value]
     run = journal.get_run(run_b.run_id)
