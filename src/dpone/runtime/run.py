@@ -254,7 +254,7 @@ class RunService:
             # a birth sent ahead is read before the run is ended
             found = _found_instead(protocol)
             if found is not None:  # not born: this failure was of a try for nothing
-                return self._once(start, request, spec, make_protocol, found=found)
+                return self._once(start, request, spec, make_protocol, look_up=True, found=found)
             if fold is not None and fold.committed:
                 raise  # the run ended COMPLETE with the operation's COMPLETE: as it is
             tr.claim_begun()
