@@ -311,21 +311,30 @@ def test_the_target_is_touched_only_once_a_birth_sent_ahead_is_answered(
     tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once the plan is checked, a new operation's birth is sent ahead: its answer is read
-    before the target's first use, every time. A replay sent ahead finds the entry and
-    never touches the target."""
+    before the target's first use, every time, and the COMPLETE the write ends with is
+    built while that answer is awaited (and sent as built). A replay sent ahead finds the
+    entry and never touches the target."""
     _partitions(tmp_path, 4)
     journal = pg_available.rsplit("/", 1)[0] + "/postgres"
     events: list[str] = []
+    real_ending = PostgresCommitJournal._ending_statement
+
+    def ending(self: PostgresCommitJournal, **cas: Any) -> Any:
+        events.append("COMPLETE built")
+        return real_ending(self, **cas)
+
+    monkeypatch.setattr(PostgresCommitJournal, "_ending_statement", ending)
     try:
         with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
             for i in range(2):  # the table is created, then its plan checked
                 runner.run(interval=INTERVAL, partition=str(i))
             _watch(monkeypatch, events)
+            del events[:]  # the first two COMPLETEs, built as always
             new = [runner.run(interval=INTERVAL, partition=str(i)) for i in (2, 3)]
-            assert events == ["sent", "answered", "target"] * 2
+            assert events == ["sent", "COMPLETE built", "answered", "target"] * 2
             del events[:]
             replay = runner.run(interval=INTERVAL, partition="2")
-            assert events == ["sent", "answered"]
+            assert events == ["sent", "COMPLETE built", "answered"]  # built, never sent
         assert [(r.replayed, r.journal_version, r.attempt) for r in new] == [(False, 3, 1)] * 2
         assert (replay.replayed, replay.rows_written) == (True, 3)
         assert _rows(pg_available, pg_schema) == (12, 12)
@@ -457,3 +466,51 @@ def test_a_failure_before_the_gate_is_recorded_as_without_a_birth_sent_ahead(
     finally:
         with psycopg.connect(journal, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+def test_the_complete_built_while_the_birth_is_awaited_is_sent_only_for_the_same_write(
+    journal: PostgresCommitJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prepare_proven_ending_run_behind`` builds the COMPLETE's statement ahead. The next
+    COMPLETE with the same arguments sends that statement (nothing built again); one with
+    other arguments builds and sends its own."""
+    built: list[int] = []
+    real = PostgresCommitJournal._ending_statement
+
+    def counted(self: PostgresCommitJournal, **cas: Any) -> Any:
+        built.append(1)
+        return real(self, **cas)
+
+    monkeypatch.setattr(PostgresCommitJournal, "_ending_statement", counted)
+    results = []
+    for rows_written in (3, 5):
+        start = new_start()
+        _, entry, born = _birth(journal, start)
+        assert born
+        cas: dict[str, Any] = {
+            "run_id": start.run_id,
+            "attempt": 1,
+            "operation_id": entry.operation_id,
+            "expected_version": 2,
+            "expected_states": frozenset({CommitState.COMMITTING}),
+            "lease_epoch": 1,
+            "actor": OWNER,
+            "evidence": {"fence_state": "committed", "fence_epoch": 1, "row_count": 3},
+        }
+        del built[:]
+        journal.prepare_proven_ending_run_behind(**cas, result={"rows_written": 3})
+        assert built == [1]
+        failures: list[DponeError] = []
+        journal.complete_proven_ending_run_behind(
+            **cas, result={"rows_written": rows_written}, on_failure=failures.append
+        )
+        assert built == [1] * (1 if rows_written == 3 else 2)
+        done = journal.get(entry.operation_id)  # settles the write behind
+        assert failures == []
+        assert done is not None
+        assert (done.state, done.version) == (CommitState.COMPLETE, 3)
+        results.append(dict(done.result or {}))
+        run = journal.get_run(start.run_id)
+        assert run is not None
+        assert run.state.value == "COMPLETE"
+    assert results == [{"rows_written": 3}, {"rows_written": 5}]

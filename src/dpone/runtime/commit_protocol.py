@@ -130,6 +130,9 @@ class RunFold(msgspec.Struct, kw_only=True):
     #: ``complete_proven`` written behind the caller: returns at once, and hands a
     #: failure to its ``on_failure`` when the journal settles it (ADR 0017)
     complete_proven_behind: Callable[..., None] | None = None
+    #: builds ``complete_proven_behind``'s write ahead, for a call with the same
+    #: arguments; settles the write behind the last caller (ADR 0021)
+    prepare_proven_behind: Callable[..., None] | None = None
     #: the run's COMPLETE end is committed with the write: nothing is left to record
     committed: bool = False
     #: the run and attempt 1 were recorded with the entry (forward mode)
@@ -499,7 +502,9 @@ class CommitProtocol:
         if sent is not None:
             if self._gated is not None:
                 # the birth's answer is read at the gate, before the target is touched
-                mutate = functools.partial(self._gated.mutate, gate=sent)
+                mutate = functools.partial(
+                    self._gated.mutate, gate=self._gate(spec, entry, tally, sent)
+                )
             else:
                 sent()  # never (``births_ahead``): read before the target is touched
         try:
@@ -547,6 +552,42 @@ class CommitProtocol:
                     recovery_ref=recovery_ref(spec.operation_id),
                 )
         return self._complete(spec, entry, observation, tally=tally, resumed=resumed)
+
+    def _gate(
+        self, spec: OperationSpec, entry: JournalEntry, tally: RowTally, sent: SentBirth
+    ) -> Callable[[], None]:
+        """The gate for a birth sent ahead: builds the COMPLETE, then reads the answer.
+
+        The COMPLETE the write is expected to end with is built while the birth's answer
+        is awaited (ADR 0021); it is sent only if the real one turns out the same.
+        """
+        fold = self._run_fold
+        prepare = None if fold is None else fold.prepare_proven_behind
+        if prepare is None:
+            return sent
+
+        def gate() -> None:
+            # what the fence row committed by this write will say (``_committed_by``):
+            # the COMPLETE built from it is sent only if the real one is the same
+            expected = FenceObservation(
+                status=FenceStatus.COMMITTED,
+                epoch=entry.lease_epoch,
+                intent_digest=spec.intent_digest,
+                row_count=tally.rows,
+                content_digest=spec.source_identity,
+            )
+            prepare(
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                expected_states=frozenset({entry.state}),
+                lease_epoch=entry.lease_epoch,
+                actor=self._owner,
+                result=self._result_fields(spec, expected, tally),
+                evidence=_proof(expected),
+            )
+            sent()
+
+        return gate
 
     @staticmethod
     def _committed_by(

@@ -319,6 +319,12 @@ class RunService:
             if getattr(folding, "completes_behind", False)
             else None
         )
+        # ... and one that builds that write while the birth's answer is awaited (ADR 0021)
+        prepare = (
+            getattr(folding, "prepare_proven_ending_run_behind", None)
+            if behind is not None
+            else None
+        )
         fold = RunFold(
             write=write,
             create_complete=create_complete,
@@ -333,6 +339,9 @@ class RunService:
             complete_proven_behind=None
             if behind is None
             else functools.partial(behind, run_id=start.run_id, attempt=1),
+            prepare_proven_behind=None
+            if prepare is None
+            else functools.partial(prepare, run_id=start.run_id, attempt=1),
         )
         fold.begun = born  # the run and attempt 1 were born with it
         return fold

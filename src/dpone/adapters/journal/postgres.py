@@ -764,8 +764,10 @@ class PostgresCommitJournal:
         self._behind = WriteBehind()
         self._behind_held: tuple[_Conn, psycopg.Pipeline, ExitStack] | None = None
         self._behind_pid = os.getpid()
-        # forward mode's birth, sent ahead of its answer (ADR 0021)
+        # forward mode's birth, sent ahead of its answer (ADR 0021), and the statement of
+        # the COMPLETE built while that answer is awaited: (its arguments, the statement)
         self._ahead = SendsAhead(self._connect_ahead)
+        self._ending_ready: tuple[dict[str, Any], tuple[str, dict[str, Any]]] | None = None
         self._pool: ConnectionPool[_Conn] | None = None
         self._ledger_pool: ConnectionPool[_Conn] | None = None
         self._ledger_pid = os.getpid()
@@ -1321,6 +1323,44 @@ class PostgresCommitJournal:
         """
         return self._pooled and _SENDS_BEHIND
 
+    def prepare_proven_ending_run_behind(
+        self,
+        *,
+        run_id: str,
+        attempt: int,
+        operation_id: str,
+        expected_version: int,
+        expected_states: frozenset[CommitState],
+        lease_epoch: int,
+        actor: str,
+        result: Mapping[str, object],
+        evidence: Mapping[str, object] | None = None,
+    ) -> None:
+        """Build the statement of a later ``complete_proven_ending_run_behind`` now.
+
+        For a caller with time to spare while it waits (the birth's gate, ADR 0021):
+        the next ``complete_proven_ending_run_behind`` whose arguments equal these sends
+        the statement built here; any other builds its own, as always. Also reads the
+        answer of the write behind the last caller. Raises nothing a later call would
+        not: a bad value is left for that call to raise.
+        """
+        cas = _ending_arguments(
+            run_id=run_id,
+            attempt=attempt,
+            operation_id=operation_id,
+            expected_version=expected_version,
+            expected_states=expected_states,
+            lease_epoch=lease_epoch,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+        )
+        try:
+            self._ending_ready = (cas, self._ending_statement(**cas))
+        except DponeError:
+            self._ending_ready = None
+        self._behind.settle()
+
     def complete_proven_ending_run_behind(
         self,
         *,
@@ -1345,16 +1385,18 @@ class PostgresCommitJournal:
         read or move what it writes; a failure, or a run the write did not end, goes to
         ``on_failure`` then, and never to the unrelated call that settled it.
         """
-        query, params = self._ending_statement(
-            run_id=run_id,
-            attempt=attempt,
-            operation_id=operation_id,
-            expected_version=expected_version,
-            expected_states=expected_states,
-            lease_epoch=lease_epoch,
-            actor=actor,
-            evidence=evidence,
-            result=result,
+        query, params = self._ready_ending(
+            _ending_arguments(
+                run_id=run_id,
+                attempt=attempt,
+                operation_id=operation_id,
+                expected_version=expected_version,
+                expected_states=expected_states,
+                lease_epoch=lease_epoch,
+                actor=actor,
+                evidence=evidence,
+                result=result,
+            )
         )
 
         action = "write the journal state and end the run"
@@ -2260,6 +2302,14 @@ class PostgresCommitJournal:
             ending_run=ending_run,
         )
 
+    def _ready_ending(self, cas: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``_ending_statement(**cas)``: the one ``prepare_proven_ending_run_behind`` built
+        for exactly these arguments, else a new one."""
+        ready, self._ending_ready = self._ending_ready, None
+        if ready is not None and ready[0] == cas:
+            return ready[1]
+        return self._ending_statement(**cas)
+
     def _ending_statement(
         self, *, run_id: str, attempt: int, **cas: Any
     ) -> tuple[str, dict[str, Any]]:
@@ -2798,6 +2848,14 @@ if TYPE_CHECKING:
 
     def _ends_runs(journal: PostgresCommitJournal) -> RunEndingLedgerPort:
         return journal
+
+
+def _ending_arguments(**cas: Any) -> dict[str, Any]:
+    """The arguments of an ending COMPLETE, its mappings copied: a key to compare later."""
+    evidence, result = cas["evidence"], cas["result"]
+    cas["evidence"] = None if evidence is None else dict(evidence)
+    cas["result"] = dict(result)
+    return cas
 
 
 def _run_and_entry(row: tuple[Any, ...]) -> tuple[RunRecord | None, JournalEntry | None]:
