@@ -20,9 +20,9 @@ from dpone.adapters.connectors.postgres import PostgresConnector
 from dpone.adapters.journal._ahead import SendsAhead
 from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.api import Runner
-from dpone.config.workload import parse_workload
+from dpone.config.workload import parse_workload, replace
 from dpone.contracts.states import CommitState
-from dpone.errors import DponeError, ErrorCode
+from dpone.errors import DponeError, ErrorCode, JournalUnavailable
 from dpone.runtime import failpoints
 from dpone.runtime.commit_protocol import CommitProtocol
 from dpone.testing.crash import check_history
@@ -514,3 +514,56 @@ def test_the_complete_built_while_the_birth_is_awaited_is_sent_only_for_the_same
         assert run is not None
         assert run.state.value == "COMPLETE"
     assert results == [{"rows_written": 3}, {"rows_written": 5}]
+
+
+def test_a_birth_whose_answer_cannot_be_read_stops_before_the_target(
+    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal refuses to answer the birth (an error that is not a lost session):
+    ``run`` raises the journal's error, as the lookup would, with nothing sent to the
+    target and no run ended. Once the journal answers again and the lease has run out,
+    the operation completes with every row once."""
+    _partitions(tmp_path, 3)
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    events: list[str] = []
+    workload = replace(_workload(tmp_path, pg_available, pg_schema, journal), lease_ttl_seconds=1)
+    try:
+        with Runner(workload) as runner:
+            for i in range(2):
+                runner.run(interval=INTERVAL, partition=str(i))
+            _watch(monkeypatch, events)
+            real_send = SendsAhead.send
+
+            def refused(self: SendsAhead, statement: Any, params: Any) -> Any:
+                answer = real_send(self, statement, params)
+                assert answer is not None
+
+                def read() -> Any:
+                    answer()  # the birth landed; its answer is refused
+                    raise psycopg.errors.QueryCanceled("canceling statement due to timeout")
+
+                return read
+
+            monkeypatch.setattr(SendsAhead, "send", refused)
+            with pytest.raises(JournalUnavailable):
+                runner.run(interval=INTERVAL, partition="2")
+            assert "target" not in events
+            assert _rows(pg_available, pg_schema) == (6, 6)
+            monkeypatch.undo()
+            time.sleep(1.2)  # the lease of the entry born COMMITTING runs out
+            again = runner.run(interval=INTERVAL, partition="2")
+        assert (again.replayed, again.rows_written) == (False, 3)
+        assert _rows(pg_available, pg_schema) == (9, 9)
+        store = PostgresCommitJournal(journal, schema=pg_schema)
+        try:
+            entry = store.get(again.operation_id)
+            assert entry is not None
+            assert entry.state is CommitState.COMPLETE
+            assert check_history(store.history(again.operation_id)) == []
+            problems = ledger_problems(store, operation_id=again.operation_id, journal_epoch=2)
+            assert problems == [], problems
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
