@@ -5,13 +5,14 @@
    all as whole processes. Budgets: ratio <= 1.05 atomic, <= 1.10 forward; RSS < 150 MB.
 2. 2,000 operations of 10 rows through the Python API (one Runner) against one plain
    transaction per operation (INSERT of 10 rows). Budgets: ratio <= 1.5 atomic, <= 3 forward,
-   judged on passes where the three take turns of 50 operations each (see _interleaved);
-   the separate rounds' ratios are printed beside them.
+   judged on passes where the three take turns of 500 operations each (--turns; see
+   _interleaved and INTERLEAVE_BLOCK); the separate rounds' ratios are printed beside them.
 3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
 
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
-       [--rows 1000000] [--repeat 3] [--ops 2000] [--only bulk|small] [--private] [--warm]
+       [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small]
+       [--private] [--warm]
 """
 
 from __future__ import annotations
@@ -65,8 +66,14 @@ load: {{strategy: append}}
 """
 
 
-#: Operations per contender and turn in the interleaved passes (_interleaved).
-INTERLEAVE_BLOCK = 50
+#: Operations per contender and turn in the interleaved passes (_interleaved). Short
+#: turns cost the contender that does more per operation: each switch leaves it slower
+#: for tens of operations (2026-12-02, 2,000 operations, forward / atomic over plain:
+#: turns of 50 gave 3.19-3.34x / 2.04-2.15x, of 100 3.32x / 2.09x, of 250 2.81-2.95x /
+#: 1.97-2.02x, of 500 2.81-2.82x / 1.78-1.85x, of 1,000 2.79-2.90x / 1.83-1.89x;
+#: docs/benchmarks.md). A Runner's operations run back to back, so turns are long
+#: enough for that to settle and still rotate, so that drift meets every contender.
+INTERLEAVE_BLOCK = 500
 #: The issue's small-operation budgets: a mode's time over the plain loop's.
 SMALL_BUDGETS = {"atomic": 1.5, "forward": 3.0}
 
@@ -446,7 +453,9 @@ def _interleaved(work: Path, dsn: str, schema: str, ops: int, block: int) -> dic
     return out
 
 
-def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object]:
+def bench_small(
+    work: Path, dsn: str, ops: int, repeat: int, turns: int = INTERLEAVE_BLOCK
+) -> dict[str, object]:
     """Rounds alternate plain, atomic, forward; each round in a fresh schema."""
     src = work / "small"
     src.mkdir(exist_ok=True)
@@ -468,10 +477,10 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
     passes: list[dict[str, float]] = []
     for n in range(repeat):
         with _fresh_schema(dsn) as schema:
-            passes.append(_interleaved(work, dsn, schema, ops, INTERLEAVE_BLOCK))
+            passes.append(_interleaved(work, dsn, schema, ops, turns))
         got_pass = passes[-1]
         print(
-            f"  interleaved {n + 1} (turns of {INTERLEAVE_BLOCK}): plain "
+            f"  interleaved {n + 1} (turns of {turns}): plain "
             f"{got_pass['plain_ms']:.3f} ms  atomic {got_pass['atomic_ms']:.3f} ms "
             f"({got_pass['atomic_ratio']:.2f}x)  forward {got_pass['forward_ms']:.3f} ms "
             f"({got_pass['forward_ratio']:.2f}x)",
@@ -520,14 +529,14 @@ def bench_small(work: Path, dsn: str, ops: int, repeat: int) -> dict[str, object
     return out
 
 
-def bench_small_private(work: Path, ops: int, repeat: int) -> dict[str, object]:
+def bench_small_private(work: Path, ops: int, repeat: int, turns: int) -> dict[str, object]:
     """bench_small on a throwaway cluster (same machine and disk, no other sessions)."""
     from dpone.testing.pg_instance import PrivatePostgres
 
     with PrivatePostgres() as server:
         server.wait_ready()
         schema_sql(server.dsn, "CREATE DATABASE bench")
-        out = bench_small(work, other_db(server.dsn, "bench"), ops, repeat)
+        out = bench_small(work, other_db(server.dsn, "bench"), ops, repeat, turns)
     out["server"] = "private (initdb, fsync on)"
     return out
 
@@ -559,6 +568,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=INTERLEAVE_BLOCK,
+        help="small: operations per contender and turn in the interleaved passes",
+    )
     parser.add_argument(
         "--only", choices=("bulk", "small"), default=None, help="run one part of the benchmark"
     )
@@ -601,9 +616,9 @@ def main() -> None:
                 flush=True,
             )
             if args.private:
-                small = bench_small_private(work, args.ops, args.repeat)
+                small = bench_small_private(work, args.ops, args.repeat, args.turns)
             else:
-                small = bench_small(work, args.dsn, args.ops, args.repeat)
+                small = bench_small(work, args.dsn, args.ops, args.repeat, args.turns)
             print(json.dumps(small, indent=2))
             checks.update(small_checks(small))
         for name, ok in checks.items():
