@@ -7,6 +7,7 @@ already checked sends it instead of a lookup followed by the birth.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -17,12 +18,12 @@ import psycopg
 import pytest
 
 from dpone.adapters.connectors.postgres import PostgresConnector
-from dpone.adapters.journal._ahead import SendsAhead
+from dpone.adapters.journal._ahead import SendsAhead, SessionLost
 from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.api import Runner
 from dpone.config.workload import parse_workload, replace
 from dpone.contracts.states import CommitState
-from dpone.errors import DponeError, ErrorCode, JournalUnavailable
+from dpone.errors import DponeError, ErrorCode, JournalUnavailable, LeaseHeld
 from dpone.runtime import failpoints
 from dpone.runtime.commit_protocol import CommitProtocol
 from dpone.testing.crash import check_history
@@ -351,48 +352,68 @@ def test_the_target_is_touched_only_once_a_birth_sent_ahead_is_answered(
             conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
 
 
-def test_a_birth_whose_session_is_lost_before_its_answer_is_born_once(
+def test_a_birth_whose_session_is_lost_is_judged_as_a_lost_reply(
     tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The birth committed and its session was killed before the answer was read: the
-    statement runs again on a pooled session, finds this call's own birth and says born.
-    The rows land once, the history is the ordinary one, and the next birth goes ahead on
-    a new session."""
-    _partitions(tmp_path, 4)
+    """The birth's session is killed on the server once a birth committed: that answer
+    was already on its way and reads born. The next birth meets the dead session as it is
+    sent (maybe sent: ``SessionLost``), and is made again on a pooled session. The one
+    after goes ahead on a new session. A reply lost on the way back (the statement
+    committed, its answer never read) is made again too, finds the call's own birth and
+    says born. Every operation lands once, with the ordinary history."""
+    _partitions(tmp_path, 5)
     journal = pg_available.rsplit("/", 1)[0] + "/postgres"
     real_send = SendsAhead.send
-    killed: list[int] = []
+    pids: list[int] = []
+    lose: list[str] = []  # "kill": the server ends the session; "reply": the answer is lost
 
-    def send_then_lose(self: SendsAhead, statement: Any, params: Any) -> Any:
-        answer = real_send(self, statement, params)
-        if killed or answer is None:
-            return answer
+    def send(self: SendsAhead, statement: Any, params: Any) -> Any:
+        try:
+            answer = real_send(self, statement, params)
+        except SessionLost:
+            pids.append(-1)  # the dead session, found as the statement was sent
+            raise
+        assert answer is not None
         held = self._held
         assert held is not None
-        pid = held[0].info.backend_pid
-        with psycopg.connect(journal, autocommit=True) as other:
-            for _ in range(500):  # until the birth has committed
-                found = other.execute(
-                    f'SELECT count(*) FROM "{pg_schema}".dpone_journal WHERE operation_id = %s',
-                    (params["operation_id"],),
-                ).fetchone()
-                if found == (1,):
-                    break
-                time.sleep(0.01)
-            assert found == (1,)
-            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        killed.append(pid)
-        return answer
+        pids.append(held[0].info.backend_pid)
+        how = lose.pop() if lose else None
+        if how == "kill":
+            with psycopg.connect(journal, autocommit=True) as other:
+                for _ in range(500):  # until the birth has committed
+                    found = other.execute(
+                        f'SELECT count(*) FROM "{pg_schema}".dpone_journal WHERE operation_id = %s',
+                        (params["operation_id"],),
+                    ).fetchone()
+                    if found == (1,):
+                        break
+                    time.sleep(0.01)
+                assert found == (1,)
+                other.execute("SELECT pg_terminate_backend(%s)", (pids[-1],))
+        if how != "reply":
+            return answer
+
+        def lost_reply() -> Any:
+            answer()  # committed and answered; the answer never reaches the caller
+            raise SessionLost
+
+        return lost_reply
 
     try:
         with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
             for i in range(2):
                 runner.run(interval=INTERVAL, partition=str(i))
-            monkeypatch.setattr(SendsAhead, "send", send_then_lose)
-            results = [runner.run(interval=INTERVAL, partition=str(i)) for i in (2, 3)]
-        assert len(killed) == 1
-        assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 2
-        assert _rows(pg_available, pg_schema) == (12, 12)
+            monkeypatch.setattr(SendsAhead, "send", send)
+            results = []
+            for i, how in ((2, "kill"), (3, None), (4, "reply")):
+                if how:
+                    lose.append(how)
+                results.append(runner.run(interval=INTERVAL, partition=str(i)))
+        assert pids[1] == -1  # partition 3's birth met the killed session
+        assert -1 not in (pids[0], pids[2])
+        assert pids[0] != pids[2]  # then a new session
+        assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 3
+        assert _rows(pg_available, pg_schema) == (15, 15)
         store = PostgresCommitJournal(journal, schema=pg_schema)
         try:
             for result in results:
@@ -564,6 +585,91 @@ def test_a_birth_whose_answer_cannot_be_read_stops_before_the_target(
             assert problems == [], problems
         finally:
             store.close()
+    finally:
+        with psycopg.connect(journal, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+def test_journal_sessions_commit_durably_whatever_the_dsn_or_server_says(
+    pg_available: str, pg_schema: str
+) -> None:
+    """A DSN (or role, database, server) with ``synchronous_commit = off`` would let the
+    journal acknowledge a COMMITTING it could lose: the birth's own session, the pooled
+    ones and the one session of ``pooled=False`` turn it back on."""
+    dsn = pg_available + "?options=-c%20synchronous_commit%3Doff"
+    with psycopg.connect(dsn) as plain:
+        assert plain.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    show = b"SHOW synchronous_commit"
+    pooled = PostgresCommitJournal(dsn, schema=pg_schema)
+    single = PostgresCommitJournal(dsn, schema=pg_schema, pooled=False)
+    try:
+        start = new_start()
+        answer = pooled.send_find_run_or_create_committing(
+            start,
+            provenance=CLI,
+            operation_id=start.operation_id,
+            intent_digest=DIGEST,
+            metadata={"workload_id": "orders"},
+            actor=OWNER,
+            lease_ttl_seconds=30,
+            evidence={"fence_epoch": 1},
+        )
+        assert answer is not None
+        assert answer()[2] is True  # born, on the session sent ahead
+        read = pooled._ahead.send(show, {})
+        assert read is not None
+        assert read() == ("on",)
+        for journal in (pooled, single):
+            setting = journal._run_now(
+                "read a setting", lambda c: c.execute(show).fetchone(), repeatable=True
+            )
+            assert setting == ("on",)
+    finally:
+        pooled.close()
+        single.close()
+
+
+def test_an_operation_not_born_here_is_left_alone_even_when_its_rows_fail_before_the_gate(
+    tmp_path: Path,
+    pg_available: str,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another executor holds the operation (COMMITTING, its lease live) and this try's
+    rows cannot be read: the birth sent ahead finds that entry, so the row error is not
+    this try's to record (nothing tries to: no lease, no settling). The try starts over
+    from what the birth found and meets the other executor's lease; its entry is
+    untouched and the target never used."""
+    _partitions(tmp_path, 3)
+    (tmp_path / "p2.csv").write_text("order_id,customer\n20,c\n21,c,extra\n", encoding="utf-8")
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    events: list[str] = []
+    try:
+        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+            for i in range(2):
+                runner.run(interval=INTERVAL, partition=str(i))
+            _, spec = runner._plan(INTERVAL, partition="2", context=None)
+            store = PostgresCommitJournal(journal, schema=pg_schema)
+            try:
+                theirs = store.create_committing(
+                    operation_id=spec.operation_id,
+                    intent_digest=spec.intent_digest,
+                    metadata={"workload_id": "orders"},
+                    actor="host-b:2",
+                    lease_ttl_seconds=60,
+                    evidence={"fence_epoch": 1},
+                )
+                _watch(monkeypatch, events)
+                with caplog.at_level(logging.INFO, logger="dpone"), pytest.raises(LeaseHeld):
+                    runner.run(interval=INTERVAL, partition="2")
+                assert events == ["sent", "answered"]
+                assert [r.message for r in caplog.records if r.levelno >= logging.WARNING] == []
+                assert store.get(spec.operation_id) == theirs
+                assert len(store.history(spec.operation_id)) == 4  # its birth's only
+            finally:
+                store.close()
+        assert _rows(pg_available, pg_schema) == (6, 6)
     finally:
         with psycopg.connect(journal, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')

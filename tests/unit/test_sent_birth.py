@@ -35,7 +35,7 @@ def _entry(owner: str = "host-a:1", state: CommitState = CommitState.COMMITTING)
 def _sent(answers: list[Any], born: list[JournalEntry]) -> SentBirth:
     def answer() -> Any:
         reply = answers.pop(0)
-        if isinstance(reply, Exception):
+        if isinstance(reply, BaseException):
             raise reply
         return reply
 
@@ -82,4 +82,15 @@ def test_a_journal_error_reading_the_answer_is_handed_over_unchanged() -> None:
         with pytest.raises(BirthUnread) as caught:
             sent.confirm()
         assert caught.value.error is error
+    assert not sent.unread
+
+
+def test_an_interrupt_while_the_answer_is_read_is_never_taken_for_not_born() -> None:
+    """Ctrl-C (or any error that is not the journal's) during the read leaves the birth's
+    fate unknown: every later confirm raises it again, never ``NotBorn``."""
+    sent = _sent([KeyboardInterrupt()], [])
+    with pytest.raises(KeyboardInterrupt):
+        sent()
+    with pytest.raises(KeyboardInterrupt):
+        sent.confirm()  # as the lease release in a finally block would
     assert not sent.unread

@@ -63,6 +63,9 @@ class SentBirth:
         self._on_born = on_born
         self._born: JournalEntry | None = None
         self._error: DponeError | None = None  # the answer's, when it could not be read
+        # anything else the read raised (an interrupt, a bug): the birth's fate is unknown,
+        # so every later confirm raises it again, never NotBorn
+        self._broken: BaseException | None = None
         self._found: Found = (None, None)
         self.expected = JournalEntry(
             operation_id=operation_id,
@@ -89,6 +92,7 @@ class SentBirth:
         Raises:
             NotBorn: the statement found the run or the entry and wrote nothing.
             BirthUnread: the answer could not be read (the journal's error inside).
+            BaseException: whatever else reading it raised (an interrupt), every time.
         """
         answer, self._answer = self._answer, None
         if answer is not None:
@@ -96,6 +100,9 @@ class SentBirth:
                 run, entry, born = answer()
             except DponeError as exc:
                 self._error = exc
+            except BaseException as exc:
+                self._broken = exc
+                raise
             else:
                 if born and entry is not None:
                     self._born = entry
@@ -104,6 +111,8 @@ class SentBirth:
                     self._found = (run, entry)
         if self._born is not None:
             return self._born
+        if self._broken is not None:
+            raise self._broken
         if self._error is not None:
             raise BirthUnread(self._error)
         raise NotBorn(self._found)

@@ -42,33 +42,41 @@ class SendsAhead:
         self._busy = threading.Lock()  # held from a send until its answer is read
         self._held: tuple[_Conn, psycopg.Pipeline, ExitStack] | None = None
         self._pid = os.getpid()
+        self._closed = False
 
     def send(self, statement: bytes | str, params: Mapping[str, object]) -> Answer | None:
-        """Send ``statement`` and its Sync; None, sending nothing, while an answer is unread.
+        """Send ``statement`` and its Sync; None, sending nothing, while an answer is unread
+        or once closed.
 
-        Raises ``psycopg.Error`` when it could not be sent, the session then dropped:
-        the statement may have reached the server (the caller judges that, as for a
-        reply lost in an ordinary round trip).
+        Raises ``SessionLost`` when the session was lost while sending: the statement may
+        have reached the server (the caller judges that, as for a reply lost in an
+        ordinary round trip). Any other ``psycopg.Error`` means it was not sent (no
+        session could be opened, a value could not be sent) or was refused at once:
+        nothing of it was committed.
         """
         if os.getpid() != self._pid:  # a forked child: the parent's session is not ours
             self._busy = threading.Lock()
             self._held = None
             self._pid = os.getpid()
-        if not self._busy.acquire(blocking=False):
+        if self._closed or not self._busy.acquire(blocking=False):
             return None
         try:
             conn, pipeline = self._session()
-            cur = conn.cursor()
-            try:
-                cur.execute(statement, params)
-                pipeline._enqueue_sync()
-                conn.wait(pipeline._communicate_gen())
-            except BaseException:
-                cur.close()
-                raise
         except BaseException:
-            self.drop()
             self._busy.release()
+            raise
+        cur = conn.cursor()
+        try:
+            cur.execute(statement, params)
+            pipeline._enqueue_sync()
+            conn.wait(pipeline._communicate_gen())
+        except BaseException as exc:
+            lost = conn.broken or conn.closed
+            cur.close()
+            self.drop()  # aborted or lost mid-pipeline: not reused
+            self._busy.release()
+            if lost and isinstance(exc, psycopg.Error):
+                raise SessionLost from exc
             raise
         read = False
 
@@ -91,6 +99,8 @@ class SendsAhead:
                 raise
             finally:
                 cur.close()
+                if self._closed:
+                    self.drop()  # closed while this answer was unread
                 self._busy.release()
 
         return answer
@@ -108,7 +118,8 @@ class SendsAhead:
         conn.close()
 
     def close(self) -> None:
-        """Drop the session unless an answer is still unread by another caller."""
+        """Drop the session, no later send; with an answer unread, once it is read."""
+        self._closed = True
         if os.getpid() != self._pid:
             self._held = None  # the parent's: never closed here
             return

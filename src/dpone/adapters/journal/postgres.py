@@ -72,6 +72,12 @@ _SENDS_BEHIND = all(
     for name in ("_enqueue_sync", "_communicate_gen", "_fetch_gen")
 )
 _BIRTH_ACTION = "read the run and record the intent"
+# Every session's bounds, and durable commits: ``_configure``.
+_SESSION_SETTINGS = (
+    "set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false), "
+    "set_config('synchronous_commit', CASE current_setting('synchronous_commit') "
+    "WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)"
+)
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 _FROM_PREPARING = frozenset({CommitState.PREPARING})
@@ -1037,8 +1043,9 @@ class PostgresCommitJournal:
         """``find_run_or_create_committing``, sent now; what it returns is read later (ADR 0021).
 
         Returns what reads the answer (once; it raises what the call would), or None,
-        sending nothing, when this journal cannot send ahead now (no pool, psycopg
-        without the pipeline calls ADR 0017 uses, or another birth's answer unread). A
+        having committed nothing, when this journal cannot send ahead now (no pool,
+        psycopg without the pipeline calls ADR 0017 uses, another birth's answer unread,
+        or its session could not take the statement): the caller then makes the call. A
         bad value raises here. The statement commits on its own session, synchronously:
         once the answer says born, the entry is durable. A session lost with the answer
         unread is judged as ``_run`` judges a lost reply: the statement runs again on a
@@ -1059,9 +1066,11 @@ class PostgresCommitJournal:
         self._behind.settle(only=operation_id)
         try:
             answer = self._ahead.send(self._born_unless_found, params)
-        except psycopg.Error:
+        except SessionLost:
             # maybe sent: answer as a repeat, which finds a birth that did land
             return lambda: self._find_or_create_now(start, params, actor=actor, repeated=True)
+        except psycopg.Error:
+            return None  # not sent, or refused at once: the caller makes the call itself
         if answer is None:
             return None
 
@@ -2684,12 +2693,14 @@ class PostgresCommitJournal:
         conn.execute("SELECT set_config('synchronous_commit', 'off', false)")
 
     def _configure(self, conn: _Conn) -> None:
-        """Bound every lock wait and statement of a new pooled connection."""
-        conn.execute(
-            "SELECT set_config('lock_timeout', %s, false), "
-            "set_config('statement_timeout', %s, false)",
-            self._settings,
-        )
+        """Bound every lock wait and statement of a new connection; commit durably.
+
+        A server, database, role or DSN that turns ``synchronous_commit`` off would let
+        the journal acknowledge a COMMITTING it could still lose: it is turned back on
+        (any stronger setting, such as ``remote_apply``, is kept). Ledger sessions turn
+        it off afterwards for their own writes only (``_configure_ledger``).
+        """
+        conn.execute(f"SELECT {_SESSION_SETTINGS}", self._settings)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -2731,9 +2742,7 @@ class PostgresCommitJournal:
         """``_configure`` and the installed version in one round trip (0: no journal yet)."""
         try:
             row = conn.execute(
-                f"SELECT ({self._sql.installed_version}), "
-                "set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
-                self._settings,
+                f"SELECT ({self._sql.installed_version}), {_SESSION_SETTINGS}", self._settings
             ).fetchone()
         except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
             # no journal yet; the failed statement's settings rolled back with it
