@@ -245,7 +245,12 @@ def bench_bulk(
 
 
 def wal_syncs(dsn: str) -> int:
-    """Cluster-wide WAL syncs; waits for idle backends to flush their statistics (1 s)."""
+    """Cluster-wide WAL syncs, as the server's statistics have them after 1.2 s.
+
+    A backend reports its syncs when it ends, or when idle at most once a second and
+    otherwise only after a 10 s idle timeout: read this once the sessions whose syncs
+    count have ended, or a count may miss up to all of them.
+    """
     time.sleep(1.2)
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
@@ -336,6 +341,7 @@ def _small_plain(dsn: str, schema: str, ops: int) -> dict[str, float]:
             write(i)
         took = (time.perf_counter() - started) * 1000 / ops
         cpu_ms = (time.process_time() - cpu) * 1000 / ops
+    # counted once the session has ended: its statistics are then flushed (wal_syncs)
     return {"ms": took, "cpu_ms": cpu_ms, "wal": (wal_syncs(dsn) - syncs) / ops}
 
 
@@ -356,10 +362,10 @@ def _small_dpone(
             runner.run(interval="2026-11-01/2026-11-02", partition=str(i))
         out["ms"] = (time.perf_counter() - started) * 1000 / (ops - 1)
         out["cpu_ms"] = (time.process_time() - cpu) * 1000 / (ops - 1)  # this client's
-        out["wal"] = (wal_syncs(dsn) - syncs) / (ops - 1)
-    # The writer's sessions have ended, so their table statistics are flushed: any
-    # write counted from here on was made by the replays.
-    time.sleep(1.0)
+    # The writer's sessions have ended, so their statistics are flushed (an idle backend
+    # may hold its own for 10 s; wal_syncs): any WAL sync or table write counted from
+    # here on was made by the replays. The warm-up's own pending syncs count here too.
+    out["wal"] = (wal_syncs(dsn) - syncs) / (ops - 1)
     before = _table_writes(dsn, schema, table)
     with Runner(workload) as runner:
         assert runner.run(interval="2026-11-01/2026-11-02", partition="0").replayed  # warm
@@ -370,8 +376,7 @@ def _small_dpone(
             assert r.replayed
         out["replay_ms"] = (time.perf_counter() - started) * 1000 / ops
         out["replay_cpu_ms"] = (time.process_time() - cpu) * 1000 / ops
-        out["replay_wal"] = wal_syncs(dsn) - syncs
-    time.sleep(1.0)
+    out["replay_wal"] = wal_syncs(dsn) - syncs
     out["replay_target_writes"] = _table_writes(dsn, schema, table) - before
     with psycopg.connect(dsn) as conn:
         count = conn.execute(f'SELECT count(*) FROM "{schema}".{table}').fetchone()
