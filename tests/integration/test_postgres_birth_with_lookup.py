@@ -46,8 +46,16 @@ def _birth(
     start: Any,
     operation_id: str | None = None,
     actor: str = OWNER,
+    *,
+    ahead: bool = False,
 ) -> Any:
-    return journal.find_run_or_create_committing(
+    """The birth-or-lookup of ``start``; ``ahead``: sent ahead, what reads its answer."""
+    call = (
+        journal.send_find_run_or_create_committing
+        if ahead
+        else journal.find_run_or_create_committing
+    )
+    return call(
         start,
         provenance=CLI,
         operation_id=operation_id or start.operation_id,
@@ -184,6 +192,15 @@ def test_two_executors_born_at_once_leave_one_entry(
     assert len([e for e in journal.list_entries() if e.operation_id == start.operation_id]) == 1
 
 
+@pytest.fixture
+def forward_journal(pg_available: str, pg_schema: str) -> Iterator[str]:
+    """The journal's DSN for forward mode (another database); its schema dropped after."""
+    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    yield journal
+    with psycopg.connect(journal, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
 def _workload(root: Path, dsn: str, schema: str, journal: str) -> Any:
     return parse_workload(
         {
@@ -210,17 +227,17 @@ def _workload(root: Path, dsn: str, schema: str, journal: str) -> Any:
 
 
 def test_a_runner_sends_the_birth_with_the_lookup_once_the_plan_is_checked(
-    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    pg_available: str,
+    pg_schema: str,
+    forward_journal: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Until the plan is checked (the table exists) an operation looks up, then is born;
     afterwards lookup and birth are one statement, and a replay through it writes nothing. The
     journal and the run ledger read exactly as the two-step path leaves them."""
-    for i in range(3):
-        (tmp_path / f"p{i}.csv").write_text(
-            "order_id,customer\n" + "".join(f"{i * 10 + j},c\n" for j in range(3)),
-            encoding="utf-8",
-        )
-    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    _partitions(tmp_path, 3)
+    journal = forward_journal
     calls: list[str] = []
     for name in ("find_run", "find_run_or_create_committing", "send_find_run_or_create_committing"):
         real = getattr(PostgresCommitJournal, name)
@@ -231,37 +248,33 @@ def test_a_runner_sends_the_birth_with_the_lookup_once_the_plan_is_checked(
 
         monkeypatch.setattr(PostgresCommitJournal, name, spy)
     workload = _workload(tmp_path, pg_available, pg_schema, journal)
+    with Runner(workload) as runner:
+        results = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(3)]
+        writes = _counts(journal, pg_schema)
+        replay = runner.run(interval=INTERVAL, partition="1")
+        assert _counts(journal, pg_schema) == writes
+    # the first operation creates the table, the second finds it and checks the plan
+    assert calls == ["find_run", "find_run", *["send_find_run_or_create_committing"] * 2]
+    assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 3
+    assert (replay.replayed, replay.attempt) == (True, 1)
+    store = PostgresCommitJournal(journal, schema=pg_schema)
     try:
-        with Runner(workload) as runner:
-            results = [runner.run(interval=INTERVAL, partition=str(i)) for i in range(3)]
-            writes = _counts(journal, pg_schema)
-            replay = runner.run(interval=INTERVAL, partition="1")
-            assert _counts(journal, pg_schema) == writes
-        # the first operation creates the table, the second finds it and checks the plan
-        assert calls == ["find_run", "find_run", *["send_find_run_or_create_committing"] * 2]
-        assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 3
-        assert (replay.replayed, replay.attempt) == (True, 1)
-        store = PostgresCommitJournal(journal, schema=pg_schema)
-        try:
-            histories = []
-            for result in results:
-                entry = store.get(result.operation_id)
-                assert entry is not None
-                assert entry.state is CommitState.COMPLETE
-                history = store.history(result.operation_id)
-                assert check_history(history) == [], history
-                histories.append([(t.version, t.kind, t.to_state) for t in history])
-                problems = ledger_problems(store, operation_id=result.operation_id, journal_epoch=1)
-                assert problems == [], problems
-            assert histories[1] == histories[0] == histories[2]
-        finally:
-            store.close()
-        with psycopg.connect(pg_available) as conn:
-            count = conn.execute(f'SELECT count(*) FROM "{pg_schema}".orders').fetchone()
-        assert count == (9,)
+        histories = []
+        for result in results:
+            entry = store.get(result.operation_id)
+            assert entry is not None
+            assert entry.state is CommitState.COMPLETE
+            history = store.history(result.operation_id)
+            assert check_history(history) == [], history
+            histories.append([(t.version, t.kind, t.to_state) for t in history])
+            problems = ledger_problems(store, operation_id=result.operation_id, journal_epoch=1)
+            assert problems == [], problems
+        assert histories[1] == histories[0] == histories[2]
     finally:
-        with psycopg.connect(journal, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+        store.close()
+    with psycopg.connect(pg_available) as conn:
+        count = conn.execute(f'SELECT count(*) FROM "{pg_schema}".orders').fetchone()
+    assert count == (9,)
 
 
 # ------------------------------------------------------------- a birth sent ahead (ADR 0021)
@@ -309,14 +322,18 @@ def _rows(dsn: str, schema: str) -> tuple[int, int]:
 
 
 def test_the_target_is_touched_only_once_a_birth_sent_ahead_is_answered(
-    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    pg_available: str,
+    pg_schema: str,
+    forward_journal: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Once the plan is checked, a new operation's birth is sent ahead: its answer is read
     before the target's first use, every time, and the COMPLETE the write ends with is
     built while that answer is awaited (and sent as built). A replay sent ahead finds the
     entry and never touches the target."""
     _partitions(tmp_path, 4)
-    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    journal = forward_journal
     events: list[str] = []
     real_ending = PostgresCommitJournal._ending_statement
 
@@ -325,35 +342,35 @@ def test_the_target_is_touched_only_once_a_birth_sent_ahead_is_answered(
         return real_ending(self, **cas)
 
     monkeypatch.setattr(PostgresCommitJournal, "_ending_statement", ending)
+    with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+        for i in range(2):  # the table is created, then its plan checked
+            runner.run(interval=INTERVAL, partition=str(i))
+        _watch(monkeypatch, events)
+        del events[:]  # the first two COMPLETEs, built as always
+        new = [runner.run(interval=INTERVAL, partition=str(i)) for i in (2, 3)]
+        assert events == ["sent", "COMPLETE built", "answered", "target"] * 2
+        del events[:]
+        replay = runner.run(interval=INTERVAL, partition="2")
+        assert events == ["sent", "COMPLETE built", "answered"]  # built, never sent
+    assert [(r.replayed, r.journal_version, r.attempt) for r in new] == [(False, 3, 1)] * 2
+    assert (replay.replayed, replay.rows_written) == (True, 3)
+    assert _rows(pg_available, pg_schema) == (12, 12)
+    store = PostgresCommitJournal(journal, schema=pg_schema)
     try:
-        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
-            for i in range(2):  # the table is created, then its plan checked
-                runner.run(interval=INTERVAL, partition=str(i))
-            _watch(monkeypatch, events)
-            del events[:]  # the first two COMPLETEs, built as always
-            new = [runner.run(interval=INTERVAL, partition=str(i)) for i in (2, 3)]
-            assert events == ["sent", "COMPLETE built", "answered", "target"] * 2
-            del events[:]
-            replay = runner.run(interval=INTERVAL, partition="2")
-            assert events == ["sent", "COMPLETE built", "answered"]  # built, never sent
-        assert [(r.replayed, r.journal_version, r.attempt) for r in new] == [(False, 3, 1)] * 2
-        assert (replay.replayed, replay.rows_written) == (True, 3)
-        assert _rows(pg_available, pg_schema) == (12, 12)
-        store = PostgresCommitJournal(journal, schema=pg_schema)
-        try:
-            for result in new:
-                assert check_history(store.history(result.operation_id)) == []
-                problems = ledger_problems(store, operation_id=result.operation_id, journal_epoch=1)
-                assert problems == [], problems
-        finally:
-            store.close()
+        for result in new:
+            assert check_history(store.history(result.operation_id)) == []
+            problems = ledger_problems(store, operation_id=result.operation_id, journal_epoch=1)
+            assert problems == [], problems
     finally:
-        with psycopg.connect(journal, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+        store.close()
 
 
 def test_a_birth_whose_session_is_lost_is_judged_as_a_lost_reply(
-    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    pg_available: str,
+    pg_schema: str,
+    forward_journal: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The birth's session is killed on the server once a birth committed: that answer
     was already on its way and reads born. The next birth meets the dead session as it is
@@ -362,7 +379,7 @@ def test_a_birth_whose_session_is_lost_is_judged_as_a_lost_reply(
     committed, its answer never read) is made again too, finds the call's own birth and
     says born. Every operation lands once, with the ordinary history."""
     _partitions(tmp_path, 5)
-    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    journal = forward_journal
     real_send = SendsAhead.send
     pids: list[int] = []
     lose: list[str] = []  # "kill": the server ends the session; "reply": the answer is lost
@@ -374,9 +391,9 @@ def test_a_birth_whose_session_is_lost_is_judged_as_a_lost_reply(
             pids.append(-1)  # the dead session, found as the statement was sent
             raise
         assert answer is not None
-        held = self._held
+        held = self.connection
         assert held is not None
-        pids.append(held[0].info.backend_pid)
+        pids.append(held.info.backend_pid)
         how = lose.pop() if lose else None
         if how == "kill":
             with psycopg.connect(journal, autocommit=True) as other:
@@ -399,36 +416,36 @@ def test_a_birth_whose_session_is_lost_is_judged_as_a_lost_reply(
 
         return lost_reply
 
+    with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+        for i in range(2):
+            runner.run(interval=INTERVAL, partition=str(i))
+        monkeypatch.setattr(SendsAhead, "send", send)
+        results = []
+        for i, how in ((2, "kill"), (3, None), (4, "reply")):
+            if how:
+                lose.append(how)
+            results.append(runner.run(interval=INTERVAL, partition=str(i)))
+    assert pids[1] == -1  # partition 3's birth met the killed session
+    assert -1 not in (pids[0], pids[2])
+    assert pids[0] != pids[2]  # then a new session
+    assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 3
+    assert _rows(pg_available, pg_schema) == (15, 15)
+    store = PostgresCommitJournal(journal, schema=pg_schema)
     try:
-        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
-            for i in range(2):
-                runner.run(interval=INTERVAL, partition=str(i))
-            monkeypatch.setattr(SendsAhead, "send", send)
-            results = []
-            for i, how in ((2, "kill"), (3, None), (4, "reply")):
-                if how:
-                    lose.append(how)
-                results.append(runner.run(interval=INTERVAL, partition=str(i)))
-        assert pids[1] == -1  # partition 3's birth met the killed session
-        assert -1 not in (pids[0], pids[2])
-        assert pids[0] != pids[2]  # then a new session
-        assert [(r.replayed, r.journal_version, r.attempt) for r in results] == [(False, 3, 1)] * 3
-        assert _rows(pg_available, pg_schema) == (15, 15)
-        store = PostgresCommitJournal(journal, schema=pg_schema)
-        try:
-            for result in results:
-                history = store.history(result.operation_id)
-                assert check_history(history) == [], history
-                assert [a.attempt for a in store.attempts(result.run_id)] == [1]
-        finally:
-            store.close()
+        for result in results:
+            history = store.history(result.operation_id)
+            assert check_history(history) == [], history
+            assert [a.attempt for a in store.attempts(result.run_id)] == [1]
     finally:
-        with psycopg.connect(journal, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+        store.close()
 
 
 def test_a_failure_before_the_gate_is_recorded_as_without_a_birth_sent_ahead(
-    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    pg_available: str,
+    pg_schema: str,
+    forward_journal: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Rows that cannot be read fail the operation after its birth was sent and before the
     target is touched: the birth is read first, then the failure is recorded exactly as on
@@ -440,53 +457,49 @@ def test_a_failure_before_the_gate_is_recorded_as_without_a_birth_sent_ahead(
         (tmp_path / f"p{i}.csv").write_text(
             f"order_id,customer\n{i}0,c\n{i}1,c,extra\n", encoding="utf-8"
         )
-    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    journal = forward_journal
     events: list[str] = []
-    try:
-        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
-            for i in range(2):
+    with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+        for i in range(2):
+            runner.run(interval=INTERVAL, partition=str(i))
+        _watch(monkeypatch, events)
+        failed: list[DponeError] = []
+        for i in (2, 3):
+            if i == 3:  # the path that waits for the birth's answer
+                monkeypatch.setattr(CommitProtocol, "births_ahead", property(lambda _: False))
+            with pytest.raises(DponeError) as caught:
                 runner.run(interval=INTERVAL, partition=str(i))
-            _watch(monkeypatch, events)
-            failed: list[DponeError] = []
-            for i in (2, 3):
-                if i == 3:  # the path that waits for the birth's answer
-                    monkeypatch.setattr(CommitProtocol, "births_ahead", property(lambda _: False))
-                with pytest.raises(DponeError) as caught:
-                    runner.run(interval=INTERVAL, partition=str(i))
-                failed.append(caught.value)
-            assert events[:2] == ["sent", "answered"]  # the first only
-            assert events.count("sent") == 1
-            monkeypatch.undo()
-            _watch(monkeypatch, events)
-            del events[:]
-            failpoints.configure("before:fence.seal=raise")  # armed, never reached here
-            try:
-                (tmp_path / "p4.csv").write_text("order_id,customer\n40,c\n", encoding="utf-8")
-                runner.run(interval=INTERVAL, partition="4")
-            finally:
-                failpoints.configure(None)
-            assert events == ["target"]
-        assert [e.code for e in failed] == [ErrorCode.SOURCE_INVALID] * 2
-        store = PostgresCommitJournal(journal, schema=pg_schema)
+            failed.append(caught.value)
+        assert events[:2] == ["sent", "answered"]  # the first only
+        assert events.count("sent") == 1
+        monkeypatch.undo()
+        _watch(monkeypatch, events)
+        del events[:]
+        failpoints.configure("before:fence.seal=raise")  # armed, never reached here
         try:
-            recorded = []
-            for entry in store.list_entries():
-                if entry.state is CommitState.COMPLETE:
-                    continue
-                history = store.history(entry.operation_id)
-                recorded.append(
-                    (entry.state, entry.lease_owner, [(t.kind, t.to_state) for t in history])
-                )
-            assert len(recorded) == 2
-            assert recorded[0] == recorded[1]
-            assert recorded[0][0] is CommitState.FAILED_PRE_COMMIT
-            assert recorded[0][1] is None
+            (tmp_path / "p4.csv").write_text("order_id,customer\n40,c\n", encoding="utf-8")
+            runner.run(interval=INTERVAL, partition="4")
         finally:
-            store.close()
-        assert _rows(pg_available, pg_schema) == (7, 7)
+            failpoints.configure(None)
+        assert events == ["target"]
+    assert [e.code for e in failed] == [ErrorCode.SOURCE_INVALID] * 2
+    store = PostgresCommitJournal(journal, schema=pg_schema)
+    try:
+        recorded = []
+        for entry in store.list_entries():
+            if entry.state is CommitState.COMPLETE:
+                continue
+            history = store.history(entry.operation_id)
+            recorded.append(
+                (entry.state, entry.lease_owner, [(t.kind, t.to_state) for t in history])
+            )
+        assert len(recorded) == 2
+        assert recorded[0] == recorded[1]
+        assert recorded[0][0] is CommitState.FAILED_PRE_COMMIT
+        assert recorded[0][1] is None
     finally:
-        with psycopg.connect(journal, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+        store.close()
+    assert _rows(pg_available, pg_schema) == (7, 7)
 
 
 def test_the_complete_built_while_the_birth_is_awaited_is_sent_only_for_the_same_write(
@@ -538,56 +551,56 @@ def test_the_complete_built_while_the_birth_is_awaited_is_sent_only_for_the_same
 
 
 def test_a_birth_whose_answer_cannot_be_read_stops_before_the_target(
-    tmp_path: Path, pg_available: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    pg_available: str,
+    pg_schema: str,
+    forward_journal: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The journal refuses to answer the birth (an error that is not a lost session):
     ``run`` raises the journal's error, as the lookup would, with nothing sent to the
     target and no run ended. Once the journal answers again and the lease has run out,
     the operation completes with every row once."""
     _partitions(tmp_path, 3)
-    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    journal = forward_journal
     events: list[str] = []
     workload = replace(_workload(tmp_path, pg_available, pg_schema, journal), lease_ttl_seconds=1)
+    with Runner(workload) as runner:
+        for i in range(2):
+            runner.run(interval=INTERVAL, partition=str(i))
+        _watch(monkeypatch, events)
+        real_send = SendsAhead.send
+
+        def refused(self: SendsAhead, statement: Any, params: Any) -> Any:
+            answer = real_send(self, statement, params)
+            assert answer is not None
+
+            def read() -> Any:
+                answer()  # the birth landed; its answer is refused
+                raise psycopg.errors.QueryCanceled("canceling statement due to timeout")
+
+            return read
+
+        monkeypatch.setattr(SendsAhead, "send", refused)
+        with pytest.raises(JournalUnavailable):
+            runner.run(interval=INTERVAL, partition="2")
+        assert "target" not in events
+        assert _rows(pg_available, pg_schema) == (6, 6)
+        monkeypatch.undo()
+        time.sleep(1.2)  # the lease of the entry born COMMITTING runs out
+        again = runner.run(interval=INTERVAL, partition="2")
+    assert (again.replayed, again.rows_written) == (False, 3)
+    assert _rows(pg_available, pg_schema) == (9, 9)
+    store = PostgresCommitJournal(journal, schema=pg_schema)
     try:
-        with Runner(workload) as runner:
-            for i in range(2):
-                runner.run(interval=INTERVAL, partition=str(i))
-            _watch(monkeypatch, events)
-            real_send = SendsAhead.send
-
-            def refused(self: SendsAhead, statement: Any, params: Any) -> Any:
-                answer = real_send(self, statement, params)
-                assert answer is not None
-
-                def read() -> Any:
-                    answer()  # the birth landed; its answer is refused
-                    raise psycopg.errors.QueryCanceled("canceling statement due to timeout")
-
-                return read
-
-            monkeypatch.setattr(SendsAhead, "send", refused)
-            with pytest.raises(JournalUnavailable):
-                runner.run(interval=INTERVAL, partition="2")
-            assert "target" not in events
-            assert _rows(pg_available, pg_schema) == (6, 6)
-            monkeypatch.undo()
-            time.sleep(1.2)  # the lease of the entry born COMMITTING runs out
-            again = runner.run(interval=INTERVAL, partition="2")
-        assert (again.replayed, again.rows_written) == (False, 3)
-        assert _rows(pg_available, pg_schema) == (9, 9)
-        store = PostgresCommitJournal(journal, schema=pg_schema)
-        try:
-            entry = store.get(again.operation_id)
-            assert entry is not None
-            assert entry.state is CommitState.COMPLETE
-            assert check_history(store.history(again.operation_id)) == []
-            problems = ledger_problems(store, operation_id=again.operation_id, journal_epoch=2)
-            assert problems == [], problems
-        finally:
-            store.close()
+        entry = store.get(again.operation_id)
+        assert entry is not None
+        assert entry.state is CommitState.COMPLETE
+        assert check_history(store.history(again.operation_id)) == []
+        problems = ledger_problems(store, operation_id=again.operation_id, journal_epoch=2)
+        assert problems == [], problems
     finally:
-        with psycopg.connect(journal, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+        store.close()
 
 
 def test_journal_sessions_commit_durably_whatever_the_dsn_or_server_says(
@@ -603,17 +616,7 @@ def test_journal_sessions_commit_durably_whatever_the_dsn_or_server_says(
     pooled = PostgresCommitJournal(dsn, schema=pg_schema)
     single = PostgresCommitJournal(dsn, schema=pg_schema, pooled=False)
     try:
-        start = new_start()
-        answer = pooled.send_find_run_or_create_committing(
-            start,
-            provenance=CLI,
-            operation_id=start.operation_id,
-            intent_digest=DIGEST,
-            metadata={"workload_id": "orders"},
-            actor=OWNER,
-            lease_ttl_seconds=30,
-            evidence={"fence_epoch": 1},
-        )
+        answer = _birth(pooled, new_start(), ahead=True)
         assert answer is not None
         assert answer()[2] is True  # born, on the session sent ahead
         read = pooled._ahead.send(show, {})
@@ -633,6 +636,7 @@ def test_an_operation_not_born_here_is_left_alone_even_when_its_rows_fail_before
     tmp_path: Path,
     pg_available: str,
     pg_schema: str,
+    forward_journal: str,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -643,33 +647,29 @@ def test_an_operation_not_born_here_is_left_alone_even_when_its_rows_fail_before
     untouched and the target never used."""
     _partitions(tmp_path, 3)
     (tmp_path / "p2.csv").write_text("order_id,customer\n20,c\n21,c,extra\n", encoding="utf-8")
-    journal = pg_available.rsplit("/", 1)[0] + "/postgres"
+    journal = forward_journal
     events: list[str] = []
-    try:
-        with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
-            for i in range(2):
-                runner.run(interval=INTERVAL, partition=str(i))
-            _, spec = runner._plan(INTERVAL, partition="2", context=None)
-            store = PostgresCommitJournal(journal, schema=pg_schema)
-            try:
-                theirs = store.create_committing(
-                    operation_id=spec.operation_id,
-                    intent_digest=spec.intent_digest,
-                    metadata={"workload_id": "orders"},
-                    actor="host-b:2",
-                    lease_ttl_seconds=60,
-                    evidence={"fence_epoch": 1},
-                )
-                _watch(monkeypatch, events)
-                with caplog.at_level(logging.INFO, logger="dpone"), pytest.raises(LeaseHeld):
-                    runner.run(interval=INTERVAL, partition="2")
-                assert events == ["sent", "answered"]
-                assert [r.message for r in caplog.records if r.levelno >= logging.WARNING] == []
-                assert store.get(spec.operation_id) == theirs
-                assert len(store.history(spec.operation_id)) == 4  # its birth's only
-            finally:
-                store.close()
-        assert _rows(pg_available, pg_schema) == (6, 6)
-    finally:
-        with psycopg.connect(journal, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+    with Runner(_workload(tmp_path, pg_available, pg_schema, journal)) as runner:
+        for i in range(2):
+            runner.run(interval=INTERVAL, partition=str(i))
+        _, spec = runner._plan(INTERVAL, partition="2", context=None)
+        store = PostgresCommitJournal(journal, schema=pg_schema)
+        try:
+            theirs = store.create_committing(
+                operation_id=spec.operation_id,
+                intent_digest=spec.intent_digest,
+                metadata={"workload_id": "orders"},
+                actor="host-b:2",
+                lease_ttl_seconds=60,
+                evidence={"fence_epoch": 1},
+            )
+            _watch(monkeypatch, events)
+            with caplog.at_level(logging.INFO, logger="dpone"), pytest.raises(LeaseHeld):
+                runner.run(interval=INTERVAL, partition="2")
+            assert events == ["sent", "answered"]
+            assert [r.message for r in caplog.records if r.levelno >= logging.WARNING] == []
+            assert store.get(spec.operation_id) == theirs
+            assert len(store.history(spec.operation_id)) == 4  # its birth's only
+        finally:
+            store.close()
+    assert _rows(pg_available, pg_schema) == (6, 6)

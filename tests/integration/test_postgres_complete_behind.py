@@ -125,9 +125,9 @@ def test_a_complete_sent_on_a_lost_session_is_made_again(
             done = [runner.run(interval=INTERVAL, partition="0")]
             _slow_complete(journal, pg_schema, 30)
             done.append(runner.run(interval=INTERVAL, partition="1"))  # its COMPLETE waits
-            behind = _journal_of(runner)._behind_held
+            behind = _journal_of(runner)._behind_pipe.connection
             assert behind is not None
-            pid = behind[0].info.backend_pid
+            pid = behind.info.backend_pid
             with psycopg.connect(journal, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
                 while admin.execute(

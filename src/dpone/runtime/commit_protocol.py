@@ -266,12 +266,15 @@ class CommitProtocol:
         if self._sent is not None:
             self._sent.confirm()
 
+    def _sent_for(self, entry: JournalEntry) -> SentBirth | None:
+        """The birth sent ahead when ``entry`` is its stand-in, else None."""
+        sent = self._sent
+        return sent if sent is not None and entry is sent.expected else None
+
     def _born(self, entry: JournalEntry) -> JournalEntry:
         """``entry``, or for the birth sent ahead, the entry its answer bore (the gate)."""
-        sent = self._sent
-        if sent is None or entry is not sent.expected:
-            return entry
-        return sent.confirm()
+        sent = self._sent_for(entry)
+        return entry if sent is None else sent.confirm()
 
     def may_skip_lookup(self, spec: OperationSpec) -> bool:
         """Whether ``run(unread=True)`` may try ``spec`` as new without reading the journal.
@@ -371,7 +374,7 @@ class CommitProtocol:
         # only this executor leases with its owner label: ours means born just now
         if existing.lease_owner == self._owner and existing.lease_epoch == _FIRST_EPOCH:
             held = existing
-        if self._sent is None or existing is not self._sent.expected:
+        if self._sent_for(existing) is None:
             self._emit(existing, "intent")  # else once the gate has read the birth
         try:
             failpoints.hit("after:journal.create")
@@ -497,7 +500,7 @@ class CommitProtocol:
         """Write the data with the fence, prove it, and complete the journal."""
         failpoints.hit("before:fence.mutate")
         tally = RowTally()
-        sent = self._sent if self._sent is not None and entry is self._sent.expected else None
+        sent = self._sent_for(entry)
         mutate: Callable[..., MutationReport] = self._connector.mutate
         if sent is not None:
             if self._gated is not None:

@@ -1,4 +1,4 @@
-"""One statement sent ahead of its answer, on a session of its own (ADR 0021).
+"""Sessions kept in pipeline mode; one statement sent ahead of its answer (ADR 0021).
 
 The statement and its Sync are sent, and the caller goes on while the server runs
 (and durably commits) it; the answer is read when the caller needs it. The session
@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["Answer", "SendsAhead", "SessionLost"]
+__all__ = ["Answer", "PipelineSession", "SendsAhead", "SessionLost"]
 
 _Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -33,16 +33,75 @@ class SessionLost(Exception):
     """The session was lost before the answer was read: the statement may have run."""
 
 
+class PipelineSession:
+    """One session of this process kept in pipeline mode between uses, opened on demand.
+
+    Leaving pipeline mode costs a round trip, so the session stays in it; a pooled
+    connection cannot. In a forked child the parent's session is forgotten, never used
+    or closed. The caller gives it to one user at a time.
+    """
+
+    def __init__(self, connect: Callable[[], _Conn]) -> None:
+        self._connect = connect  # opens and configures a new session
+        self._held: tuple[_Conn, psycopg.Pipeline, ExitStack] | None = None
+        self._pid = os.getpid()
+
+    @property
+    def connection(self) -> _Conn | None:
+        """The session held now, if any (for tests and diagnostics)."""
+        self._adopt_fork()
+        return None if self._held is None else self._held[0]
+
+    def get(self) -> tuple[_Conn, psycopg.Pipeline]:
+        """The session and its pipeline; a new one when none is held or it was lost."""
+        self._adopt_fork()
+        held = self._held
+        if held is not None and not held[0].closed and not held[0].broken:
+            return held[0], held[1]
+        self.drop()
+        conn = self._connect()
+        try:
+            stack = ExitStack()
+            pipeline = stack.enter_context(conn.pipeline())
+        except BaseException:
+            conn.close()
+            raise
+        self._held = (conn, pipeline, stack)
+        return conn, pipeline
+
+    def drop(self) -> None:
+        """Close the session (a new one is opened by the next ``get``)."""
+        self._adopt_fork()
+        held, self._held = self._held, None
+        if held is None:
+            return
+        conn, _, stack = held
+        try:
+            stack.close()  # out of pipeline mode: reads what is left, or fails at once
+        except psycopg.Error:
+            pass  # a lost session: closing it is all there is to do
+        conn.close()
+
+    def _adopt_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._held = None  # the parent's: never used or closed here
+            self._pid = os.getpid()
+
+
 class SendsAhead:
     """A session for statements whose answers are read later, one at a time."""
 
     def __init__(self, connect: Callable[[], _Conn]) -> None:
-        # opens and configures the session (autocommit: each Sync commits its statement)
-        self._connect = connect
+        # the session: autocommit, so each Sync commits its statement
+        self._session = PipelineSession(connect)
         self._busy = threading.Lock()  # held from a send until its answer is read
-        self._held: tuple[_Conn, psycopg.Pipeline, ExitStack] | None = None
         self._pid = os.getpid()
         self._closed = False
+
+    @property
+    def connection(self) -> _Conn | None:
+        """The session held now, if any (for tests and diagnostics)."""
+        return self._session.connection
 
     def send(self, statement: bytes | str, params: Mapping[str, object]) -> Answer | None:
         """Send ``statement`` and its Sync; None, sending nothing, while an answer is unread
@@ -54,14 +113,13 @@ class SendsAhead:
         session could be opened, a value could not be sent) or was refused at once:
         nothing of it was committed.
         """
-        if os.getpid() != self._pid:  # a forked child: the parent's session is not ours
+        if os.getpid() != self._pid:  # a forked child: the parent's answer is not ours
             self._busy = threading.Lock()
-            self._held = None
             self._pid = os.getpid()
         if self._closed or not self._busy.acquire(blocking=False):
             return None
         try:
-            conn, pipeline = self._session()
+            conn, pipeline = self._session.get()
         except BaseException:
             self._busy.release()
             raise
@@ -73,7 +131,7 @@ class SendsAhead:
         except BaseException as exc:
             lost = conn.broken or conn.closed
             cur.close()
-            self.drop()  # aborted or lost mid-pipeline: not reused
+            self._session.drop()  # aborted or lost mid-pipeline: not reused
             self._busy.release()
             if lost and isinstance(exc, psycopg.Error):
                 raise SessionLost from exc
@@ -90,56 +148,26 @@ class SendsAhead:
                 return cur.fetchone()
             except psycopg.Error as exc:
                 lost = conn.broken or conn.closed
-                self.drop()  # the session, aborted or lost mid-pipeline, is not reused
+                self._session.drop()  # aborted or lost mid-pipeline: not reused
                 if lost:
                     raise SessionLost from exc
                 raise
             except BaseException:
-                self.drop()
+                self._session.drop()
                 raise
             finally:
                 cur.close()
                 if self._closed:
-                    self.drop()  # closed while this answer was unread
+                    self._session.drop()  # closed while this answer was unread
                 self._busy.release()
 
         return answer
 
-    def drop(self) -> None:
-        """Close the session (a new one is opened on the next send)."""
-        held, self._held = self._held, None
-        if held is None:
-            return
-        conn, _, stack = held
-        try:
-            stack.close()  # out of pipeline mode: reads what is left, or fails at once
-        except psycopg.Error:
-            pass  # a lost session: closing it is all there is to do
-        conn.close()
-
     def close(self) -> None:
         """Drop the session, no later send; with an answer unread, once it is read."""
         self._closed = True
-        if os.getpid() != self._pid:
-            self._held = None  # the parent's: never closed here
-            return
         if self._busy.acquire(blocking=False):
             try:
-                self.drop()
+                self._session.drop()
             finally:
                 self._busy.release()
-
-    def _session(self) -> tuple[_Conn, psycopg.Pipeline]:
-        held = self._held
-        if held is not None and not held[0].closed and not held[0].broken:
-            return held[0], held[1]
-        self.drop()
-        conn = self._connect()
-        try:
-            stack = ExitStack()
-            pipeline = stack.enter_context(conn.pipeline())
-        except BaseException:
-            conn.close()
-            raise
-        self._held = (conn, pipeline, stack)
-        return conn, pipeline

@@ -7,7 +7,6 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
 from functools import cache, lru_cache, partial
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,7 +20,7 @@ from psycopg.rows import tuple_row
 
 from dpone.adapters import _pg
 from dpone.adapters.journal import _checkpoint_sql, _ledger_sql, _rules
-from dpone.adapters.journal._ahead import SendsAhead, SessionLost
+from dpone.adapters.journal._ahead import PipelineSession, SendsAhead, SessionLost
 from dpone.adapters.journal._behind import Finish, WriteBehind
 from dpone.adapters.journal._rows import audit_from_row as _audit
 from dpone.adapters.journal._rows import entry_from_row as _entry
@@ -768,8 +767,8 @@ class PostgresCommitJournal:
         self._lock = threading.Lock()
         # forward mode's proven COMPLETE of attempt 1, written behind its caller (ADR 0017)
         self._behind = WriteBehind()
-        self._behind_held: tuple[_Conn, psycopg.Pipeline, ExitStack] | None = None
-        self._behind_pid = os.getpid()
+        # the session those writes are sent on: a ledger session (asynchronous commit)
+        self._behind_pipe = PipelineSession(self._connect_behind)
         # forward mode's birth, sent ahead of its answer (ADR 0021), and the statement of
         # the COMPLETE built while that answer is awaited: (its arguments, the statement)
         self._ahead = SendsAhead(self._connect_ahead)
@@ -1425,7 +1424,7 @@ class PostgresCommitJournal:
                 # settle like any other. The session, aborted mid-pipeline, is dropped.
                 cur.close()
                 lost = conn.broken or conn.closed
-                self._drop_behind_session()
+                self._behind_pipe.drop()
                 if lost:
                     raise self._translate(exc, action) from exc
                 refused, cause = self._translate(exc, action), exc
@@ -1463,10 +1462,10 @@ class PostgresCommitJournal:
                 except psycopg.Error as exc:
                     if not (conn.broken or conn.closed):
                         raise self._translate(exc, action) from exc
-                    self._drop_behind_session()
+                    self._behind_pipe.drop()
                     row = again()
                 except Exception as exc:  # psycopg's private calls changed: a lost write
-                    self._drop_behind_session()
+                    self._behind_pipe.drop()
                     raise JournalUnavailable(
                         f"the journal write behind the caller could not be read back ({action})",
                         operation_id=operation_id,
@@ -2182,7 +2181,7 @@ class PostgresCommitJournal:
     def close(self) -> None:
         """Close the connection pool. Idempotent; a forked child leaves the parent's alone."""
         # the write behind the last caller is read first (ADR 0017), then its session closed
-        self._behind.close(then=self._drop_behind_session)
+        self._behind.close(then=self._behind_pipe.drop)
         self._ahead.close()
         with self._lock:
             self._closed = True
@@ -2608,12 +2607,7 @@ class PostgresCommitJournal:
                 self._migrate(keep=True)
             else:  # the session was lost: a new one (the schema is migrated)
                 try:
-                    conn = psycopg.connect(self._dsn, **self._connect_kwargs)
-                    try:
-                        self._configure(conn)
-                    except BaseException:
-                        conn.close()
-                        raise
+                    conn = self._new_session(self._configure)
                 except psycopg.Error as exc:
                     raise self._translate(exc, "connect to the journal") from exc
                 self._session = conn
@@ -2646,47 +2640,29 @@ class PostgresCommitJournal:
         cannot stay in pipeline mode between uses. Only ``WriteBehind`` calls this, under
         its lock.
         """
-        held = self._behind_held
-        if held is not None and self._behind_pid == os.getpid():
-            return held[0], held[1]
-        self._behind_held = None  # a forked child's: the parent's, never used or closed
-        self._ready_pool()  # migrated, and open
         try:
-            conn = psycopg.connect(self._dsn, **self._connect_kwargs)
-            try:
-                self._configure_ledger(conn)
-                stack = ExitStack()
-                pipeline = stack.enter_context(conn.pipeline())
-            except BaseException:
-                conn.close()
-                raise
+            return self._behind_pipe.get()
         except psycopg.Error as exc:
             raise self._translate(exc, "connect to the journal") from exc
-        self._behind_held = (conn, pipeline, stack)
-        self._behind_pid = os.getpid()
-        return conn, pipeline
+
+    def _connect_behind(self) -> _Conn:
+        self._ready_pool()  # migrated, and open
+        return self._new_session(self._configure_ledger)
 
     def _connect_ahead(self) -> _Conn:
         """A session for births sent ahead (``SendsAhead``): autocommit, commits synchronously."""
         self._ready_pool()  # migrated, and open
+        return self._new_session(self._configure)
+
+    def _new_session(self, configure: Callable[[_Conn], None]) -> _Conn:
+        """A new connection outside the pools, configured (closed again if that fails)."""
         conn = psycopg.connect(self._dsn, **self._connect_kwargs)
         try:
-            self._configure(conn)
+            configure(conn)
         except BaseException:
             conn.close()
             raise
         return conn
-
-    def _drop_behind_session(self) -> None:
-        held, self._behind_held = self._behind_held, None
-        if held is None or self._behind_pid != os.getpid():
-            return
-        conn, _, stack = held
-        try:
-            stack.close()  # out of pipeline mode: reads what is left, or fails at once
-        except psycopg.Error:
-            pass  # a lost session: closing it is all there is to do
-        conn.close()
 
     def _configure_ledger(self, conn: _Conn) -> None:
         self._configure(conn)
