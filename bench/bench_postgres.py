@@ -9,9 +9,11 @@
    _interleaved and INTERLEAVE_BLOCK); the separate rounds' ratios are printed beside them.
 3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
+5. (reported, no budget) The floor: the statements one atomic small operation sends,
+   replayed alone, beside the plain loop and dpone itself (bench_floor).
 
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
-       [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small]
+       [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small|floor]
        [--private] [--warm]
 """
 
@@ -546,6 +548,132 @@ def bench_small_private(work: Path, ops: int, repeat: int, turns: int) -> dict[s
     return out
 
 
+def _record_statements(runner: Any, interval: str, partition: str) -> list[tuple[Any, Any]]:
+    """The statements (and parameters) one operation of ``runner`` sends, as psycopg got them.
+
+    Recorded by wrapping ``psycopg.Cursor.execute`` for that one call; measurement only.
+    """
+    sent: list[tuple[Any, Any]] = []
+    execute = psycopg.Cursor.execute
+
+    def record(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        sent.append((query, params))
+        return execute(self, query, params, **kw)
+
+    psycopg.Cursor.execute = record  # type: ignore[method-assign]
+    try:
+        result = runner.run(interval=interval, partition=partition)
+    finally:
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    names = [(q if isinstance(q, bytes) else str(q).encode()).split()[0].upper() for q, _ in sent]
+    # the atomic first attempt (ADR 0016): BEGIN, the operation's lock, the journal's
+    # statement, the rows and the fence, COMMIT, pipelined at one sync
+    if len(sent) != 5 or names[0] != b"BEGIN" or names[-1] != b"COMMIT":
+        raise SystemExit(f"floor: expected the 5 pipelined statements of ADR 0016, got {names}")
+    sent.append((result.operation_id, result.run_id))
+    return sent
+
+
+def _statements_writer(
+    conn: psycopg.Connection[Any], recorded: list[tuple[Any, Any]], *, journal: bool
+) -> Callable[[int], None]:
+    """Operation ``i``: the recorded statements again, pipelined as dpone sends them, under
+    fresh identities (every parameter naming the recorded operation or run is renamed);
+    without ``journal``, the journal's statement is left out."""
+    (begin, _), (lock, lock_params), (entry, entry_params), (rows, row_params), (commit, _) = (
+        recorded[:5]
+    )
+    operation_id, run_id = recorded[5]
+    tag = uuid.uuid4().hex[:8]
+
+    def renamed(value: object, i: int) -> object:
+        if isinstance(value, str):
+            return value.replace(operation_id, f"{operation_id}-{tag}-{i}").replace(
+                run_id, f"{run_id}-{tag}-{i}"
+            )
+        return value
+
+    def write(i: int) -> None:
+        entry_i = {k: renamed(v, i) for k, v in entry_params.items()}
+        rows_i = [renamed(v, i) for v in row_params]
+        with conn.pipeline(), conn.cursor() as ctl, conn.cursor() as cur:
+            ctl.execute(begin)
+            ctl.execute(lock, lock_params)
+            if journal:
+                ctl.execute(entry, entry_i)
+            cur.execute(rows, rows_i)
+            ctl.execute(commit)
+
+    return write
+
+
+def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
+    """What the atomic small operation's statements cost on their own, beside the plain
+    loop and dpone's own operations, in interleaved turns (as _interleaved).
+
+    "statements": the statements dpone sends for one atomic operation (recorded from a
+    real one), replayed with fresh identities; "no_journal": the same without the
+    journal's statement. dpone's time over "statements" is its client's own work: the
+    source read, planning, identity, the journal's parameters and psycopg's handling of
+    them. The budget (1.5x plain) leaves it what "statements" does not use.
+    """
+    from dpone.api import Runner
+
+    src = work / "small"
+    src.mkdir(exist_ok=True)
+    for i in range(ops + 1):
+        write_orders_csv(src / f"p{i}.csv", 10, start_id=i * 10)
+    interval = "2026-11-01/2026-11-02"
+    with (
+        _fresh_schema(dsn) as schema,
+        psycopg.connect(dsn, autocommit=True) as replay,
+        psycopg.connect(dsn) as conn,
+        Runner(_small_workload(work, dsn, dsn, schema, "atomic_orders")) as atomic,
+    ):
+        # warm up: the DDL, then an operation that still reads the run ledger and the
+        # table's shape (a Runner's first ones do); the third is the steady state
+        atomic.run(interval=interval, partition=str(ops))
+        atomic.run(interval=interval, partition=str(ops - 1))
+        recorded = _record_statements(atomic, interval, str(ops - 2))
+
+        def through(i: int) -> None:
+            atomic.run(interval=interval, partition=str(i))
+
+        contenders = {
+            "plain": _plain_writer(conn, schema, ops),
+            "statements": _statements_writer(replay, recorded, journal=True),
+            "no_journal": _statements_writer(replay, recorded, journal=False),
+            "atomic": through,
+        }
+        for run_one in contenders.values():
+            run_one(0)  # warm up
+        names = list(contenders)
+        wall = dict.fromkeys(names, 0.0)
+        cpu = dict.fromkeys(names, 0.0)
+        for turn, start in enumerate(range(1, ops - 2, turns)):
+            ids = range(start, min(start + turns, ops - 2))
+            shift = turn % len(names)
+            for name in names[shift:] + names[:shift]:
+                began, began_cpu = time.perf_counter(), time.process_time()
+                for i in ids:
+                    contenders[name](i)
+                wall[name] += time.perf_counter() - began
+                cpu[name] += time.process_time() - began_cpu
+        done = ops - 3
+        count = conn.execute(f'SELECT count(*) FROM "{schema}".atomic_orders').fetchone()
+        assert count is not None
+        # dpone's rows, and the replays' (written into the same table), every one once
+        assert count[0] == 10 * (ops + 1) + 10 * 2 * (done + 1), count
+    out = {f"{n}_ms": wall[n] * 1000 / done for n in names}
+    out.update({f"{n}_cpu_ms": cpu[n] * 1000 / done for n in names})
+    out.update({f"{n}_ratio": wall[n] / wall["plain"] for n in names if n != "plain"})
+    out["atomic_over_statements_ms"] = out["atomic_ms"] - out["statements_ms"]
+    out["budget_left_for_client_ms"] = (
+        SMALL_BUDGETS["atomic"] * out["plain_ms"] - out["statements_ms"]
+    )
+    return out
+
+
 def small_checks(small: dict[str, object]) -> dict[str, bool]:
     """The issue's small-operation budgets: the ratios judged on the interleaved passes'
     median (the rounds' best and median ratios are reported beside them)."""
@@ -580,7 +708,11 @@ def main() -> None:
         help="small: operations per contender and turn in the interleaved passes",
     )
     parser.add_argument(
-        "--only", choices=("bulk", "small"), default=None, help="run one part of the benchmark"
+        "--only",
+        choices=("bulk", "small", "floor"),
+        default=None,
+        help="run one part of the benchmark (floor: the atomic small operation's statements "
+        "alone, beside the plain loop and dpone; see bench_floor)",
     )
     parser.add_argument(
         "--private",
@@ -626,6 +758,13 @@ def main() -> None:
                 small = bench_small(work, args.dsn, args.ops, args.repeat, args.turns)
             print(json.dumps(small, indent=2))
             checks.update(small_checks(small))
+        if args.only in (None, "floor"):
+            print(
+                f"floor: the atomic small operation's statements alone, {args.ops} operations "
+                f"in turns of {args.turns}",
+                flush=True,
+            )
+            print(json.dumps(bench_floor(work, args.dsn, args.ops, args.turns), indent=2))
         for name, ok in checks.items():
             print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     finally:
