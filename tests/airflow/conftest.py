@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: version label -> exact Airflow release under test
 AIRFLOW_VERSIONS = {"3.3": "3.3.2", "2.11": "2.11.2"}
 COMPAT_PIN = "apache-airflow-providers-common-compat==1.23.0"
+# Airflow 2.11 sets an attribute on cryptography's MultiFernet (models/crypto.py), which
+# cryptography 51 made a Rust object that takes no attributes; 50.x is the last that works.
+VERSION_PINS = {"2.11.2": ("cryptography<51",)}
 #: dpone's extras in each environment: a PostgreSQL journal needs psycopg in the
 #: worker and in the triggerer (the delivery trigger's AsyncConnection)
 DPONE_EXTRAS = "airflow,postgres"
@@ -71,6 +74,7 @@ def _stamp(version: str) -> str:
     return hashlib.sha256(
         version.encode()
         + COMPAT_PIN.encode()
+        + " ".join(VERSION_PINS.get(version, ())).encode()
         + DPONE_EXTRAS.encode()
         + pyproject
         + str(REPO).encode()
@@ -93,7 +97,7 @@ def _ensure_venv(version: str) -> Path:
             [*uv, "venv", "--quiet", "--clear", "--python", sys.executable, str(venv)],
             [
                 *uv, "pip", "install", "--quiet", "--python", str(python),
-                f"apache-airflow=={version}", COMPAT_PIN, "-e", f"{REPO}[{DPONE_EXTRAS}]",
+                f"apache-airflow=={version}", COMPAT_PIN, *VERSION_PINS.get(version, ()), "-e", f"{REPO}[{DPONE_EXTRAS}]",
             ],
         ]  # fmt: skip
         for argv in steps:
