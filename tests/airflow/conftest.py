@@ -97,7 +97,8 @@ def _ensure_venv(version: str) -> Path:
             [*uv, "venv", "--quiet", "--clear", "--python", sys.executable, str(venv)],
             [
                 *uv, "pip", "install", "--quiet", "--python", str(python),
-                f"apache-airflow=={version}", COMPAT_PIN, *VERSION_PINS.get(version, ()), "-e", f"{REPO}[{DPONE_EXTRAS}]",
+                f"apache-airflow=={version}", COMPAT_PIN, *VERSION_PINS.get(version, ()),
+                "-e", f"{REPO}[{DPONE_EXTRAS}]",
             ],
         ]  # fmt: skip
         for argv in steps:
