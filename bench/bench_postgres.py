@@ -10,7 +10,9 @@
 3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
 5. (reported, no budget) The floor: the statements one atomic small operation sends,
-   replayed alone, beside the plain loop and dpone itself (bench_floor).
+   replayed alone (also without the journal's statement, and without BEGIN and COMMIT),
+   beside the plain loop and dpone itself, and where dpone's client CPU goes by phase
+   (bench_floor).
 
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
        [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small|floor]
@@ -575,11 +577,17 @@ def _record_statements(runner: Any, interval: str, partition: str) -> list[tuple
 
 
 def _statements_writer(
-    conn: psycopg.Connection[Any], recorded: list[tuple[Any, Any]], *, journal: bool
+    conn: psycopg.Connection[Any],
+    recorded: list[tuple[Any, Any]],
+    *,
+    journal: bool,
+    explicit: bool = True,
 ) -> Callable[[int], None]:
     """Operation ``i``: the recorded statements again, pipelined as dpone sends them, under
     fresh identities (every parameter naming the recorded operation or run is renamed);
-    without ``journal``, the journal's statement is left out."""
+    without ``journal``, the journal's statement is left out; without ``explicit``, BEGIN
+    and COMMIT are (the statements then run in the implicit transaction that the
+    pipeline's one sync commits)."""
     (begin, _), (lock, lock_params), (entry, entry_params), (rows, row_params), (commit, _) = (
         recorded[:5]
     )
@@ -597,12 +605,14 @@ def _statements_writer(
         entry_i = {k: renamed(v, i) for k, v in entry_params.items()}
         rows_i = [renamed(v, i) for v in row_params]
         with conn.pipeline(), conn.cursor() as ctl, conn.cursor() as cur:
-            ctl.execute(begin)
+            if explicit:
+                ctl.execute(begin)
             ctl.execute(lock, lock_params)
             if journal:
                 ctl.execute(entry, entry_i)
             cur.execute(rows, rows_i)
-            ctl.execute(commit)
+            if explicit:
+                ctl.execute(commit)
 
     return write
 
@@ -643,6 +653,7 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
             "plain": _plain_writer(conn, schema, ops),
             "statements": _statements_writer(replay, recorded, journal=True),
             "no_journal": _statements_writer(replay, recorded, journal=False),
+            "implicit": _statements_writer(replay, recorded, journal=True, explicit=False),
             "atomic": through,
         }
         for run_one in contenders.values():
@@ -662,8 +673,8 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
         done = ops - 3
         count = conn.execute(f'SELECT count(*) FROM "{schema}".atomic_orders').fetchone()
         assert count is not None
-        # dpone's rows, and the replays' (written into the same table), every one once
-        assert count[0] == 10 * (ops + 1) + 10 * 2 * (done + 1), count
+        # dpone's rows, and the three replays' (written into the same table), every one once
+        assert count[0] == 10 * (ops + 1) + 10 * 3 * (done + 1), count
     out = {f"{n}_ms": wall[n] * 1000 / done for n in names}
     out.update({f"{n}_cpu_ms": cpu[n] * 1000 / done for n in names})
     out.update({f"{n}_ratio": wall[n] / wall["plain"] for n in names if n != "plain"})
@@ -671,7 +682,57 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
     out["budget_left_for_client_ms"] = (
         SMALL_BUDGETS["atomic"] * out["plain_ms"] - out["statements_ms"]
     )
+    out.update(_client_phases(work, dsn, ops, interval))
     return out
+
+
+def _client_phases(work: Path, dsn: str, ops: int, interval: str) -> dict[str, float]:
+    """Where an atomic small operation's client CPU goes, in four phases of each
+    ``Runner.run``: before its first statement is sent (BEGIN), while its statements are
+    sent, at the pipeline's closing sync, and after it. Only the time before the sync and
+    after it cannot overlap the server's work. Measured in a separate pass (wrapping
+    ``psycopg.Cursor.execute`` and the pipeline's exit, which adds a little to each)."""
+    from psycopg._pipeline import Pipeline
+
+    from dpone.api import Runner
+
+    marks: dict[str, int] = {}
+    execute, leave = psycopg.Cursor.execute, Pipeline.__exit__
+
+    def execute_marked(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        if isinstance(query, bytes) and query.startswith(b"BEGIN"):
+            marks["begin"] = time.process_time_ns()
+        return execute(self, query, params, **kw)
+
+    def leave_marked(self: Any, *exc: Any) -> Any:
+        marks["sync"] = time.process_time_ns()
+        try:
+            return leave(self, *exc)
+        finally:
+            marks["synced"] = time.process_time_ns()
+
+    spent = dict.fromkeys(("before_send", "sending", "sync", "after"), 0)
+    with (
+        _fresh_schema(dsn) as schema,
+        Runner(_small_workload(work, dsn, dsn, schema, "atomic_orders")) as runner,
+    ):
+        for i in (ops, ops - 1, ops - 2):  # warm up, as bench_floor
+            runner.run(interval=interval, partition=str(i))
+        psycopg.Cursor.execute = execute_marked  # type: ignore[method-assign]
+        Pipeline.__exit__ = leave_marked  # type: ignore[method-assign]
+        try:
+            for i in range(ops - 3):
+                began = time.process_time_ns()
+                runner.run(interval=interval, partition=str(i))
+                ended = time.process_time_ns()
+                spent["before_send"] += marks["begin"] - began
+                spent["sending"] += marks["sync"] - marks["begin"]
+                spent["sync"] += marks["synced"] - marks["sync"]
+                spent["after"] += ended - marks["synced"]
+        finally:
+            psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+            Pipeline.__exit__ = leave  # type: ignore[method-assign]
+    return {f"atomic_cpu_{k}_ms": v / 1e6 / (ops - 3) for k, v in spent.items()}
 
 
 def small_checks(small: dict[str, object]) -> dict[str, bool]:
