@@ -550,23 +550,33 @@ def bench_small_private(work: Path, ops: int, repeat: int, turns: int) -> dict[s
     return out
 
 
+@contextmanager
+def _wrapped(owner: Any, name: str, wrap: Callable[[Any], Any]) -> Iterator[None]:
+    """``owner.name`` replaced by ``wrap(original)`` inside the block; measurement only."""
+    original = getattr(owner, name)
+    setattr(owner, name, wrap(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 def _record_statements(runner: Any, interval: str, partition: str) -> list[tuple[Any, Any]]:
     """The statements (and parameters) one operation of ``runner`` sends, as psycopg got them.
 
     Recorded by wrapping ``psycopg.Cursor.execute`` for that one call; measurement only.
     """
     sent: list[tuple[Any, Any]] = []
-    execute = psycopg.Cursor.execute
 
-    def record(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-        sent.append((query, params))
-        return execute(self, query, params, **kw)
+    def recording(execute: Any) -> Any:
+        def record(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            sent.append((query, params))
+            return execute(self, query, params, **kw)
 
-    psycopg.Cursor.execute = record  # type: ignore[method-assign]
-    try:
+        return record
+
+    with _wrapped(psycopg.Cursor, "execute", recording):
         result = runner.run(interval=interval, partition=partition)
-    finally:
-        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
     names = [(q if isinstance(q, bytes) else str(q).encode()).split()[0].upper() for q, _ in sent]
     # the atomic first attempt (ADR 0016): BEGIN, the operation's lock, the journal's
     # statement, the rows and the fence, COMMIT, pipelined at one sync
@@ -688,28 +698,33 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
 
 def _client_phases(work: Path, dsn: str, ops: int, interval: str) -> dict[str, float]:
     """Where an atomic small operation's client CPU goes, in four phases of each
-    ``Runner.run``: before its first statement is sent (BEGIN), while its statements are
-    sent, at the pipeline's closing sync, and after it. Only the time before the sync and
-    after it cannot overlap the server's work. Measured in a separate pass (wrapping
+    ``Runner.run``: before its first statement (BEGIN) is sent, while its statements are
+    sent, at the pipeline's closing sync, and after it. The first and the last cannot
+    overlap the server's work. Measured in a separate pass (wrapping
     ``psycopg.Cursor.execute`` and the pipeline's exit, which adds a little to each)."""
     from psycopg._pipeline import Pipeline
 
     from dpone.api import Runner
 
     marks: dict[str, int] = {}
-    execute, leave = psycopg.Cursor.execute, Pipeline.__exit__
 
-    def execute_marked(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-        if isinstance(query, bytes) and query.startswith(b"BEGIN"):
-            marks["begin"] = time.process_time_ns()
-        return execute(self, query, params, **kw)
+    def marking_begin(execute: Any) -> Any:
+        def execute_marked(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            if isinstance(query, bytes) and query.startswith(b"BEGIN"):
+                marks["begin"] = time.process_time_ns()
+            return execute(self, query, params, **kw)
 
-    def leave_marked(self: Any, *exc: Any) -> Any:
-        marks["sync"] = time.process_time_ns()
-        try:
-            return leave(self, *exc)
-        finally:
-            marks["synced"] = time.process_time_ns()
+        return execute_marked
+
+    def marking_sync(leave: Any) -> Any:
+        def leave_marked(self: Any, *exc: Any) -> Any:
+            marks["sync"] = time.process_time_ns()
+            try:
+                return leave(self, *exc)
+            finally:
+                marks["synced"] = time.process_time_ns()
+
+        return leave_marked
 
     spent = dict.fromkeys(("before_send", "sending", "sync", "after"), 0)
     with (
@@ -718,20 +733,21 @@ def _client_phases(work: Path, dsn: str, ops: int, interval: str) -> dict[str, f
     ):
         for i in (ops, ops - 1, ops - 2):  # warm up, as bench_floor
             runner.run(interval=interval, partition=str(i))
-        psycopg.Cursor.execute = execute_marked  # type: ignore[method-assign]
-        Pipeline.__exit__ = leave_marked  # type: ignore[method-assign]
-        try:
+        with (
+            _wrapped(psycopg.Cursor, "execute", marking_begin),
+            _wrapped(Pipeline, "__exit__", marking_sync),
+        ):
             for i in range(ops - 3):
+                marks.clear()
                 began = time.process_time_ns()
                 runner.run(interval=interval, partition=str(i))
                 ended = time.process_time_ns()
+                if marks.keys() != {"begin", "sync", "synced"}:
+                    raise SystemExit(f"phases: operation {i} did not take ADR 0016's path")
                 spent["before_send"] += marks["begin"] - began
                 spent["sending"] += marks["sync"] - marks["begin"]
                 spent["sync"] += marks["synced"] - marks["sync"]
                 spent["after"] += ended - marks["synced"]
-        finally:
-            psycopg.Cursor.execute = execute  # type: ignore[method-assign]
-            Pipeline.__exit__ = leave  # type: ignore[method-assign]
     return {f"atomic_cpu_{k}_ms": v / 1e6 / (ops - 3) for k, v in spent.items()}
 
 
