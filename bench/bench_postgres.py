@@ -10,9 +10,9 @@
 3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
 5. (reported, no budget) The floor: the statements one atomic small operation sends,
-   replayed alone (also without the journal's statement, and without BEGIN and COMMIT),
-   beside the plain loop and dpone itself, and where dpone's client CPU goes by phase
-   (bench_floor).
+   replayed alone (also without the journal's statement, without BEGIN and COMMIT, and
+   through libpq directly, with one flush), beside the plain loop and dpone itself, and
+   where dpone's client CPU goes by phase (bench_floor).
 
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
        [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small|floor]
@@ -627,15 +627,74 @@ def _statements_writer(
     return write
 
 
+def _libpq_writer(
+    conn: psycopg.Connection[Any], recorded: list[tuple[Any, Any]]
+) -> Callable[[int], None]:
+    """Operation ``i``: the recorded statements as "statements" sends them (fresh identities),
+    but through libpq directly: each prepared once on the server, then sent with
+    ``PQsendQueryPrepared`` and flushed once, at the sync. The parameters are still dumped
+    by psycopg's own adapters on every operation. This is the floor under any client that
+    hands psycopg's per-statement work (its cursors, queues, prepared-statement cache and
+    a flush per pipelined statement) to libpq; measurement only (psycopg internals)."""
+    from psycopg import generators, pq
+    from psycopg._queries import PostgresQuery
+    from psycopg.adapt import Transformer
+
+    operation_id, run_id = recorded[5]
+    tag = uuid.uuid4().hex[:8]
+    pgconn = conn.pgconn
+    queries = []
+    for n, (query, params) in enumerate(recorded[:5]):
+        converted = PostgresQuery(Transformer(conn))
+        converted.convert(query, params)
+        name = f"dpone_floor_{tag}_{n}".encode()
+        made = pgconn.prepare(name, converted.query, converted.types)
+        if made.status != pq.ExecStatus.COMMAND_OK:
+            raise SystemExit(f"floor: libpq could not prepare {query!r}")
+        queries.append((name, converted, params))
+
+    def renamed(value: object, i: int) -> object:
+        if isinstance(value, str):
+            return value.replace(operation_id, f"{operation_id}-{tag}-{i}").replace(
+                run_id, f"{run_id}-{tag}-{i}"
+            )
+        return value
+
+    def write(i: int) -> None:
+        pgconn.enter_pipeline_mode()
+        for name, converted, params in queries:
+            if isinstance(params, dict):
+                converted.dump({k: renamed(v, i) for k, v in params.items()})
+            else:
+                converted.dump(None if params is None else [renamed(v, i) for v in params])
+            pgconn.send_query_prepared(name, converted.params, converted.formats)
+        pgconn.pipeline_sync()
+        while pgconn.flush():
+            pass
+        while True:
+            result = conn.wait(generators.fetch(pgconn))
+            if result is None:  # the end of one statement's results
+                continue
+            if result.status == pq.ExecStatus.PIPELINE_SYNC:
+                break
+            if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+                raise SystemExit(f"floor: libpq replay failed: {result.error_message!r}")
+        pgconn.exit_pipeline_mode()
+
+    return write
+
+
 def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
     """What the atomic small operation's statements cost on their own, beside the plain
     loop and dpone's own operations, in interleaved turns (as _interleaved).
 
     "statements": the statements dpone sends for one atomic operation (recorded from a
     real one), replayed with fresh identities; "no_journal": the same without the
-    journal's statement. dpone's time over "statements" is its client's own work: the
-    source read, planning, identity, the journal's parameters and psycopg's handling of
-    them. The budget (1.5x plain) leaves it what "statements" does not use.
+    journal's statement; "implicit": without BEGIN and COMMIT; "libpq": the same statements
+    as "statements", through libpq's calls directly (_libpq_writer). dpone's time over
+    "statements" is its client's own work: the source read, planning, identity, the
+    journal's parameters and psycopg's handling of them. The budget (1.5x plain) leaves
+    it what "statements" does not use.
     """
     from dpone.api import Runner
 
@@ -647,6 +706,7 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
     with (
         _fresh_schema(dsn) as schema,
         psycopg.connect(dsn, autocommit=True) as replay,
+        psycopg.connect(dsn, autocommit=True) as raw,
         psycopg.connect(dsn) as conn,
         Runner(_small_workload(work, dsn, dsn, schema, "atomic_orders")) as atomic,
     ):
@@ -664,6 +724,7 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
             "statements": _statements_writer(replay, recorded, journal=True),
             "no_journal": _statements_writer(replay, recorded, journal=False),
             "implicit": _statements_writer(replay, recorded, journal=True, explicit=False),
+            "libpq": _libpq_writer(raw, recorded),
             "atomic": through,
         }
         for run_one in contenders.values():
@@ -683,8 +744,8 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
         done = ops - 3
         count = conn.execute(f'SELECT count(*) FROM "{schema}".atomic_orders').fetchone()
         assert count is not None
-        # dpone's rows, and the three replays' (written into the same table), every one once
-        assert count[0] == 10 * (ops + 1) + 10 * 3 * (done + 1), count
+        # dpone's rows, and the four replays' (written into the same table), every one once
+        assert count[0] == 10 * (ops + 1) + 10 * 4 * (done + 1), count
     out = {f"{n}_ms": wall[n] * 1000 / done for n in names}
     out.update({f"{n}_cpu_ms": cpu[n] * 1000 / done for n in names})
     out.update({f"{n}_ratio": wall[n] / wall["plain"] for n in names if n != "plain"})
