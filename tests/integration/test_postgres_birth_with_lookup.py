@@ -406,7 +406,10 @@ def test_a_birth_whose_session_is_lost_is_judged_as_a_lost_reply(
                         break
                     time.sleep(0.01)
                 assert found == (1,)
-                other.execute("SELECT pg_terminate_backend(%s)", (pids[-1],))
+                # with a timeout the call returns once the session has ended, so the next
+                # birth meets a closed session rather than racing its end
+                ended = other.execute("SELECT pg_terminate_backend(%s, 10000)", (pids[-1],))
+                assert ended.fetchone() == (True,)
         if how != "reply":
             return answer
 

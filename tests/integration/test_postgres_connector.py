@@ -909,7 +909,9 @@ def test_a_lost_connection_is_unavailable_once_then_reconnects(target: Target) -
         op, intent = _op()
         connector.prepare(operation_id=op, intent_digest=intent, epoch=1)
         killed = target.query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            # the timeout makes the call wait until the backend has ended (PostgreSQL 14+)
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+            " WHERE application_name = %s",
             (name,),
         )
         assert killed == [(True,)]

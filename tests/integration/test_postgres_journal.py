@@ -867,11 +867,11 @@ def test_terminated_pooled_connection_is_replaced(
 
         def kill() -> int:
             row = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = %s",
+                # the timeout makes the call wait until each backend has ended
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000)) "
+                "FROM pg_stat_activity WHERE application_name = %s",
                 (app,),
             ).fetchone()
-            time.sleep(0.2)  # termination is asynchronous
             return int(row[0]) if row else 0
 
         assert kill() >= 1
