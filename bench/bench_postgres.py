@@ -10,9 +10,9 @@
 3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
 5. (reported, no budget) The floor: the statements one atomic small operation sends,
-   replayed alone (also without the journal's statement, without BEGIN and COMMIT, and
-   through libpq directly, with one flush), beside the plain loop and dpone itself, and
-   where dpone's client CPU goes by phase (bench_floor).
+   replayed alone (also without the journal's statement or parts of it, without BEGIN
+   and COMMIT, and through libpq directly, with one flush), beside the plain loop and
+   dpone itself, and where dpone's client CPU goes by phase (bench_floor).
 
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
        [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small|floor]
@@ -586,21 +586,51 @@ def _record_statements(runner: Any, interval: str, partition: str) -> list[tuple
     return sent
 
 
+def _journal_parts(entry: bytes | str) -> dict[str, bytes]:
+    """The recorded journal statement whole, and without one of its inserts.
+
+    "whole": as dpone sends it; "no_history": without the six transition rows (the CTE
+    ``history``); "no_ledger": without the run ledger's run and attempt (the CTEs ``run``
+    and ``attempt``); "entry_only": the journal entry alone. What each leaves out is what
+    that insert costs the server. Cut out by their CTE names: the statement must still
+    look as recorded, or this refuses (measurement only).
+    """
+    text = entry.decode() if isinstance(entry, bytes) else str(entry)
+    marks = ("WITH run AS (", "created AS (", "), history AS (", "SELECT c.operation_id")
+    at = [text.find(mark) for mark in marks[:3]] + [text.rfind(marks[3])]  # the final SELECT
+    if -1 in at or at != sorted(at):
+        raise SystemExit("floor: the journal's statement no longer has the recorded CTEs")
+    _, created, history, select = at
+    # the history CTE runs from its "), history AS (" to the ")" that closes it before the
+    # final SELECT: keep the ")" that closes "created"
+    closing = text.rindex(")", history, select)
+    no_history = text[: history + 1] + text[closing + 1 :]
+    entry_only = "WITH " + no_history[no_history.index(marks[1]) :]
+    return {
+        "whole": text.encode(),
+        "no_history": no_history.encode(),
+        "no_ledger": ("WITH " + text[created:]).encode(),
+        "entry_only": entry_only.encode(),
+    }
+
+
 def _statements_writer(
     conn: psycopg.Connection[Any],
     recorded: list[tuple[Any, Any]],
     *,
-    journal: bool,
+    journal: str | None = "whole",
     explicit: bool = True,
 ) -> Callable[[int], None]:
     """Operation ``i``: the recorded statements again, pipelined as dpone sends them, under
     fresh identities (every parameter naming the recorded operation or run is renamed);
-    without ``journal``, the journal's statement is left out; without ``explicit``, BEGIN
-    and COMMIT are (the statements then run in the implicit transaction that the
-    pipeline's one sync commits)."""
+    ``journal`` names the journal statement's variant (_journal_parts), None leaves it
+    out; without ``explicit``, BEGIN and COMMIT are left out (the statements then run in
+    the implicit transaction that the pipeline's one sync commits)."""
     (begin, _), (lock, lock_params), (entry, entry_params), (rows, row_params), (commit, _) = (
         recorded[:5]
     )
+    if journal is not None:
+        entry = _journal_parts(entry)[journal]
     operation_id, run_id = recorded[5]
     tag = uuid.uuid4().hex[:8]
 
@@ -618,7 +648,7 @@ def _statements_writer(
             if explicit:
                 ctl.execute(begin)
             ctl.execute(lock, lock_params)
-            if journal:
+            if journal is not None:
                 ctl.execute(entry, entry_i)
             cur.execute(rows, rows_i)
             if explicit:
@@ -690,8 +720,10 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
 
     "statements": the statements dpone sends for one atomic operation (recorded from a
     real one), replayed with fresh identities; "no_journal": the same without the
-    journal's statement; "implicit": without BEGIN and COMMIT; "libpq": the same statements
-    as "statements", through libpq's calls directly (_libpq_writer). dpone's time over
+    journal's statement; "no_history", "no_ledger", "entry_only": with the journal's
+    statement cut down (_journal_parts), so that each insert's server cost shows;
+    "implicit": without BEGIN and COMMIT; "libpq": the same statements as "statements",
+    through libpq's calls directly (_libpq_writer). dpone's time over
     "statements" is its client's own work: the source read, planning, identity, the
     journal's parameters and psycopg's handling of them. The budget (1.5x plain) leaves
     it what "statements" does not use.
@@ -721,9 +753,12 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
 
         contenders = {
             "plain": _plain_writer(conn, schema, ops),
-            "statements": _statements_writer(replay, recorded, journal=True),
-            "no_journal": _statements_writer(replay, recorded, journal=False),
-            "implicit": _statements_writer(replay, recorded, journal=True, explicit=False),
+            "statements": _statements_writer(replay, recorded),
+            "no_journal": _statements_writer(replay, recorded, journal=None),
+            "no_history": _statements_writer(replay, recorded, journal="no_history"),
+            "no_ledger": _statements_writer(replay, recorded, journal="no_ledger"),
+            "entry_only": _statements_writer(replay, recorded, journal="entry_only"),
+            "implicit": _statements_writer(replay, recorded, explicit=False),
             "libpq": _libpq_writer(raw, recorded),
             "atomic": through,
         }
@@ -744,8 +779,9 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
         done = ops - 3
         count = conn.execute(f'SELECT count(*) FROM "{schema}".atomic_orders').fetchone()
         assert count is not None
-        # dpone's rows, and the four replays' (written into the same table), every one once
-        assert count[0] == 10 * (ops + 1) + 10 * 4 * (done + 1), count
+        # dpone's rows, and the replays' (written into the same table), every one once
+        replays = len(contenders) - 2  # all but plain and atomic
+        assert count[0] == 10 * (ops + 1) + 10 * replays * (done + 1), count
     out = {f"{n}_ms": wall[n] * 1000 / done for n in names}
     out.update({f"{n}_cpu_ms": cpu[n] * 1000 / done for n in names})
     out.update({f"{n}_ratio": wall[n] / wall["plain"] for n in names if n != "plain"})
