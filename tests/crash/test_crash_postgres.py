@@ -405,6 +405,21 @@ def test_race_8_processes_50_operations_with_random_kills(
         _drop(with_db(pg_available, "postgres"), schema)
 
 
+# the journal's lookup of the run and its entry, its last statement before the birth
+LOOKED_UP = "SELECT r.*, e.*%dpone_runs%dpone_journal%"
+
+
+def _journal_idle_after(dsn: str, last_statement: str) -> bool:
+    """A session on the journal's server is idle, its last statement ``last_statement``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND state = 'idle' AND query ILIKE %s",
+            (last_statement,),
+        ).fetchone()
+    return row is not None and row[0] > 0
+
+
 @pytest.fixture
 def private_pg() -> Iterator[object]:
     """A throwaway PostgreSQL server of the test's own (never the shared one)."""
@@ -428,7 +443,13 @@ def test_journal_outage_mid_run(pg_available: str, tmp_path: Path, private_pg: o
     try:
         route.workload()
         run = start_dpone(RUN, cwd=tmp_path, failpoints="before:COMMITTING=sleep(2)")
-        time.sleep(1.2)
+
+        def paused_before_committing() -> bool:
+            _alive(run, "the run")
+            return _journal_idle_after(private_pg.dsn, LOOKED_UP)
+
+        # the run looked its operation up, the last journal statement before the birth
+        wait_until("the run to pause before COMMITTING", paused_before_committing)
         private_pg.stop(mode="immediate")
         _, err = run.communicate(timeout=60)
         assert run.returncode == 75, err

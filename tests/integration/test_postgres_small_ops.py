@@ -427,8 +427,19 @@ def private_journal() -> Iterator[Any]:
 
 
 def _wal_syncs(dsn: str) -> int:
-    time.sleep(1.2)  # backends report WAL statistics at most once a second
-    with psycopg.connect(dsn) as conn:
+    """The server's WAL syncs, once every other session has ended.
+
+    A session reports its WAL statistics when it ends (before it leaves
+    pg_stat_activity), and a closed client's backend ends a moment after the close.
+    """
+    deadline = time.monotonic() + 30
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchone() != (0,):
+            assert time.monotonic() < deadline, "other sessions still open after 30 s"
+            time.sleep(0.05)
         row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
     assert row is not None
     return int(row[0])

@@ -389,13 +389,19 @@ def test_stale_first_attempt_restarts_and_replays(world: World) -> None:
     results = {}
 
     def b() -> None:
-        time.sleep(0.1)  # A created the entry and sleeps; its lease (50 ms) has expired
+        deadline = time.monotonic() + 10
+        while world.journal.get(OP) is None:  # until A has created the entry
+            if time.monotonic() > deadline:
+                return  # reported below: B never ran
+            time.sleep(0.005)
+        time.sleep(0.1)  # A sleeps after the create; its lease (50 ms) has expired
         results["b"] = world.executor("host-b:2:2").run(s)
 
     other = threading.Thread(target=b)
     other.start()
     a = world.executor("host-a:1:1").run(s)
     other.join()
+    assert "b" in results, "A never created the entry within 10 s"
     assert results["b"].state is S.COMPLETE
     assert not results["b"].replayed
     assert a.state is S.COMPLETE
