@@ -257,7 +257,9 @@ class CommitProtocol:
             operation_id=spec.operation_id,
             intent_digest=spec.intent_digest,
             owner=self._owner,
-            on_born=lambda entry: self._emit(entry, "intent"),
+            # not a closure over self: self holds the birth, and a cycle would leave the
+            # protocol to the cyclic collector after every operation
+            on_born=functools.partial(CommitProtocol._emit, event="intent"),
         )
         return self._sent.expected
 
@@ -1389,7 +1391,8 @@ class CommitProtocol:
             recovery_ref=recovery_ref(entry.operation_id),
         )
 
-    def _emit(self, entry: JournalEntry, event: str) -> None:
+    @staticmethod
+    def _emit(entry: JournalEntry, event: str) -> None:
         if not _log.info_enabled():
             return  # the usual case for a library caller: build no record
         _log.info(

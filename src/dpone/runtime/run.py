@@ -211,6 +211,26 @@ class RunService:
     ) -> OperationResult:
         """One try; ``look_up``: after one that learnt nothing or ``found`` (ADR 0019, 0021)."""
         tr = _Try(self, start, request)
+        try:
+            return self._try(tr, start, request, spec, make_protocol, look_up=look_up, found=found)
+        finally:
+            # A new run's fold holds ``tr.ensure_run`` and ``tr`` holds the fold: unlinked,
+            # the try and all it reached are freed now, not by the cyclic collector later
+            # (one such cycle per operation made a full collection every few thousand).
+            tr.fold = None
+
+    def _try(
+        self,
+        tr: _Try,
+        start: RunStart,
+        request: RunRequest,
+        spec: OperationSpec,
+        make_protocol: ProtocolFactory,
+        *,
+        look_up: bool,
+        found: Found | None,
+    ) -> OperationResult:
+        """The body of ``_once``, on its try ``tr``."""
         protocol = make_protocol(tr.record_attempt)
         streak = self._streak
         unread = False
