@@ -379,3 +379,35 @@ def test_a_warm_and_a_cold_writer_of_one_operation_never_deadlock(target: Target
     assert len(done) == 1
     assert target.ids() == [-1, 0, 1]
     assert target.query("SELECT k FROM side") == [("k",)]
+
+
+def _failing_behind(conn: psycopg.Connection[Any]) -> None:
+    """In a pipeline: a statement that fails a second later is sent, and the block fails
+    at once with an error of its own, so the pipeline ends aborted while one is raised."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 / 0 FROM pg_sleep(1)")
+        raise psycopg.errors.QueryCanceled("the block's own error")
+
+
+def test_a_pipeline_ends_quietly_before_its_statement_error_is_raised(
+    pg_available: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error raised inside a pipeline block (as a later execute raises an earlier
+    statement's error) while the pipeline is aborted: psycopg's own pipeline logs a
+    second error ending it ("error ignored terminating"); ``pipeline_quietly`` ends the
+    pipeline first and raises the first error alone. The connection is usable after."""
+    from dpone.adapters._pg import pipeline_quietly
+
+    canceled = psycopg.errors.QueryCanceled
+    with psycopg.connect(pg_available, autocommit=True) as conn:
+        warnings = caplog.at_level("WARNING", logger="psycopg")
+        with warnings, pytest.raises(canceled), conn.pipeline():
+            _failing_behind(conn)
+        logged = [r.getMessage() for r in caplog.records]
+        assert [m[:25] for m in logged] == ["error ignored terminating"], logged
+        caplog.clear()
+        warnings = caplog.at_level("WARNING", logger="psycopg")
+        with warnings, pytest.raises(canceled, match="own error"), pipeline_quietly(conn):
+            _failing_behind(conn)
+        assert caplog.records == []
+        assert conn.execute("SELECT 3").fetchone() == (3,)

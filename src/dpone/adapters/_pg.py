@@ -1,8 +1,11 @@
-"""Shared PostgreSQL helpers for the journal and the connector: locator and error translation."""
+"""Shared PostgreSQL helpers for the journal and the connector: locator, error translation
+and a pipeline that raises a statement's error once it has ended."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -11,7 +14,14 @@ from psycopg.conninfo import conninfo_to_dict
 
 from dpone.errors import ConfigInvalid, DponeError
 
-__all__ = ["create_schema", "describe", "is_unavailable", "pg_locator", "translate"]
+__all__ = [
+    "create_schema",
+    "describe",
+    "is_unavailable",
+    "pg_locator",
+    "pipeline_quietly",
+    "translate",
+]
 
 _DEFAULT_PORT = "5432"
 
@@ -46,6 +56,30 @@ def pg_locator(dsn: str) -> str:
     port = str(params.get("port") or _DEFAULT_PORT).split(",")[0] or _DEFAULT_PORT
     dbname = str(params.get("dbname") or params.get("user") or "postgres")
     return f"postgresql://{host.strip().lower()}:{port.strip()}/{dbname}"
+
+
+@contextmanager
+def pipeline_quietly(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
+    """``conn.pipeline()``, raising a statement's error only once the pipeline has ended.
+
+    In pipeline mode a later ``execute`` raises an earlier statement's error, inside the
+    block. Ending the aborted pipeline then fails as well, and psycopg logs that second
+    error as a warning ("error ignored terminating ...: pipeline aborted") while the first
+    propagates. Here the first error is held while the pipeline ends, then raised alone,
+    the same exception as without this helper.
+    """
+    failed: psycopg.Error | None = None
+    try:
+        with conn.pipeline() as pipeline:
+            try:
+                yield pipeline
+            except psycopg.Error as exc:
+                failed = exc
+    except psycopg.Error:
+        if failed is None:
+            raise
+    if failed is not None:
+        raise failed
 
 
 def create_schema(conn: psycopg.Connection[Any], schema: str) -> None:

@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.numeric import Int8
 
-from dpone.adapters._pg import describe, pg_locator, translate
+from dpone.adapters._pg import describe, pg_locator, pipeline_quietly, translate
 from dpone.adapters.connectors._audit import audit_staged
 from dpone.contracts.fence import (
     FenceCapability,
@@ -1353,7 +1353,7 @@ class PostgresConnector:
             raise CannotQueueAhead
         statement = self._small_statement(plan, count, prepare=prepare, clear=clear)
         try:
-            with conn.pipeline() as pipeline, conn.cursor() as cur:
+            with pipeline_quietly(conn) as pipeline, conn.cursor() as cur:
                 cur.execute(_BEGIN)
                 cur.execute(_OPERATION_LOCK, (_operation_key(operation_id),))
                 try:
@@ -1418,7 +1418,7 @@ class PostgresConnector:
         collect: Collector | None = None
         try:
             try:
-                with conn.pipeline():
+                with pipeline_quietly(conn):
                     ctl.execute(_BEGIN)
                     ctl.execute(_OPERATION_LOCK, (_operation_key(operation_id),))
                     # within's statements first: an error its own executes read can then

@@ -2584,7 +2584,7 @@ class PostgresCommitJournal:
                 try:
                     if not ledger:
                         return work(conn)
-                    with conn.pipeline():
+                    with _pg.pipeline_quietly(conn):
                         conn.execute(_ASYNC_COMMIT_LOCAL)
                         return work(conn)
                 except psycopg.Error as exc:
