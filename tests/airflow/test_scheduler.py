@@ -138,8 +138,21 @@ def _finished(states: dict[str, str] | None) -> bool:
     return states.get(DAG_ID) in done and states.get(UNKNOWN_DAG_ID) in done
 
 
-def _kill_committing(journal: Path, killed: dict[str, str]) -> None:
-    """SIGKILL the lease holder of the first operation seen in COMMITTING, per workload."""
+def _appended(jsonl: Path) -> bool:
+    """Whether the events load has appended its rows (it then sleeps in the failpoint)."""
+    try:
+        return len(jsonl.read_bytes().splitlines()) >= REGION_ROWS
+    except FileNotFoundError:
+        return False
+
+
+def _kill_committing(journal: Path, killed: dict[str, str], jsonl: Path) -> None:
+    """SIGKILL the lease holder of the first operation seen in COMMITTING, per workload.
+
+    The events load (no fence) is killed only once its rows are in the file: COMMITTING
+    is durable a moment before the append, and a kill in that moment would leave nothing
+    for the retry to refuse to write again.
+    """
     if not journal.exists():
         return
     try:
@@ -150,6 +163,8 @@ def _kill_committing(journal: Path, killed: dict[str, str]) -> None:
         name = entry["metadata"]["workload_id"]
         if name in killed or entry["state"] != "COMMITTING" or not entry["lease_owner"]:
             continue
+        if name == "events" and not _appended(jsonl):
+            continue  # seen again at the next poll, asleep after the append
         try:
             os.kill(int(entry["lease_owner"].split(":")[1]), signal.SIGKILL)
         except ProcessLookupError:
@@ -211,7 +226,7 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
     started = time.monotonic()
     try:
         while time.monotonic() - started < DEADLINE_S:
-            _kill_committing(journal, killed)
+            _kill_committing(journal, killed, out / "events.jsonl")
             states = _dag_run_states(home)
             if _finished(states):
                 break
