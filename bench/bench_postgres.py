@@ -614,6 +614,22 @@ def _journal_parts(entry: bytes | str) -> dict[str, bytes]:
     }
 
 
+def _renamer(recorded: list[tuple[Any, Any]]) -> Callable[[object, int], object]:
+    """A value of the recorded operation with every mention of its operation and run
+    renamed for replay ``i`` (under a tag of this writer's, so that writers never meet)."""
+    operation_id, run_id = recorded[5]
+    tag = uuid.uuid4().hex[:8]
+
+    def renamed(value: object, i: int) -> object:
+        if isinstance(value, str):
+            return value.replace(operation_id, f"{operation_id}-{tag}-{i}").replace(
+                run_id, f"{run_id}-{tag}-{i}"
+            )
+        return value
+
+    return renamed
+
+
 def _statements_writer(
     conn: psycopg.Connection[Any],
     recorded: list[tuple[Any, Any]],
@@ -631,15 +647,7 @@ def _statements_writer(
     )
     if journal is not None:
         entry = _journal_parts(entry)[journal]
-    operation_id, run_id = recorded[5]
-    tag = uuid.uuid4().hex[:8]
-
-    def renamed(value: object, i: int) -> object:
-        if isinstance(value, str):
-            return value.replace(operation_id, f"{operation_id}-{tag}-{i}").replace(
-                run_id, f"{run_id}-{tag}-{i}"
-            )
-        return value
+    renamed = _renamer(recorded)
 
     def write(i: int) -> None:
         entry_i = {k: renamed(v, i) for k, v in entry_params.items()}
@@ -670,8 +678,8 @@ def _libpq_writer(
     from psycopg._queries import PostgresQuery
     from psycopg.adapt import Transformer
 
-    operation_id, run_id = recorded[5]
-    tag = uuid.uuid4().hex[:8]
+    renamed = _renamer(recorded)
+    tag = uuid.uuid4().hex[:8]  # names this writer's prepared statements
     pgconn = conn.pgconn
     queries = []
     for n, (query, params) in enumerate(recorded[:5]):
@@ -682,13 +690,6 @@ def _libpq_writer(
         if made.status != pq.ExecStatus.COMMAND_OK:
             raise SystemExit(f"floor: libpq could not prepare {query!r}")
         queries.append((name, converted, params))
-
-    def renamed(value: object, i: int) -> object:
-        if isinstance(value, str):
-            return value.replace(operation_id, f"{operation_id}-{tag}-{i}").replace(
-                run_id, f"{run_id}-{tag}-{i}"
-            )
-        return value
 
     def write(i: int) -> None:
         pgconn.enter_pipeline_mode()

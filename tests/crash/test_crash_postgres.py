@@ -28,7 +28,7 @@ from dpone.testing.crash import (
     write_orders_csv,
 )
 from dpone.testing.ledger_conformance import ledger_problems
-from dpone.testing.pg_probe import fence_holders, lock_waiters, wait_until
+from dpone.testing.pg_probe import fence_holders, idle_after, lock_waiters, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -409,17 +409,6 @@ def test_race_8_processes_50_operations_with_random_kills(
 LOOKED_UP = "SELECT r.*, e.*%dpone_runs%dpone_journal%"
 
 
-def _journal_idle_after(dsn: str, last_statement: str) -> bool:
-    """A session on the journal's server is idle, its last statement ``last_statement``."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND state = 'idle' AND query ILIKE %s",
-            (last_statement,),
-        ).fetchone()
-    return row is not None and row[0] > 0
-
-
 @pytest.fixture
 def private_pg() -> Iterator[object]:
     """A throwaway PostgreSQL server of the test's own (never the shared one)."""
@@ -446,7 +435,7 @@ def test_journal_outage_mid_run(pg_available: str, tmp_path: Path, private_pg: o
 
         def paused_before_committing() -> bool:
             _alive(run, "the run")
-            return _journal_idle_after(private_pg.dsn, LOOKED_UP)
+            return idle_after(private_pg.dsn, LOOKED_UP)
 
         # the run looked its operation up, the last journal statement before the birth
         wait_until("the run to pause before COMMITTING", paused_before_committing)

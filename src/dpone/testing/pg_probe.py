@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["fence_holders", "lock_waiters", "wait_until"]
+__all__ = ["fence_holders", "idle_after", "lock_waiters", "wait_until"]
 
 FENCE_TABLE = "dpone_fence"
 
@@ -44,6 +44,20 @@ def fence_holders(dsn: str, schema: str, *, last_statement: str | None = None) -
             (f'"{schema}".{FENCE_TABLE}', last_statement or "%"),
         ).fetchall()
     return {int(row[0]) for row in rows}
+
+
+def idle_after(dsn: str, last_statement: str) -> bool:
+    """Whether another session on ``dsn``'s server is idle with ``last_statement`` (an
+    ILIKE pattern) as its last statement: its client paused right after running it."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND state = 'idle' AND query ILIKE %s",
+            (last_statement,),
+        ).fetchone()
+    return row is not None and row[0] > 0
 
 
 def lock_waiters(dsn: str, schema: str) -> set[int]:
