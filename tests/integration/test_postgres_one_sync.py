@@ -411,3 +411,141 @@ def test_a_pipeline_ends_quietly_before_its_statement_error_is_raised(
             _failing_behind(conn)
         assert caplog.records == []
         assert conn.execute("SELECT 3").fetchone() == (3,)
+
+
+# ------------------------------------------------ fused: one autocommit statement (ADR 0022)
+
+
+def _fused_within(journal: PostgresCommitJournal, op: str, intent: str) -> QueuedWithin:
+    """``_journal_within`` that also offers the entry's INSERT as a ``Fused`` part."""
+    fields: dict[str, Any] = {
+        "operation_id": op,
+        "intent_digest": intent,
+        "metadata": {},
+        "actor": "tester",
+        "result": {"rows_written": 1},
+        "evidence": {"mode": "atomic"},
+    }
+    queued = _journal_within(journal, op, intent)
+    return QueuedWithin(queued.queue, fuse=lambda txn: journal.fuse_complete_within(txn, **fields))
+
+
+def _messages(trace_text: str, kind: str) -> int:
+    return sum(1 for line in trace_text.splitlines() if "\tF\t" in line and f"\t{kind}" in line)
+
+
+def test_a_fused_first_attempt_is_one_statement_with_no_begin_or_commit(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """Entry, rows and fence: ONE Bind/Execute, one ReadyForQuery, no BEGIN nor COMMIT."""
+    op, intent = _op()
+    conn = target.connector._conn
+    assert conn is not None
+    with tempfile.TemporaryFile() as file:
+        conn.pgconn.trace(file.fileno())
+        report = target.mutate(
+            op, intent, [(1, "a"), (2, "b")], within=_fused_within(journal, op, intent)
+        )
+        conn.pgconn.untrace()
+        file.seek(0)
+        text = file.read().decode()
+    assert _messages(text, "Execute") == 1
+    assert _messages(text, "Query") == 0  # BEGIN and COMMIT would be simple queries
+    assert "BEGIN ISOLATION" not in text
+    assert sum(1 for line in text.splitlines() if "ReadyForQuery" in line) == 1
+    assert report.row_count == 2
+    assert report.committed is not None
+    assert report.committed.status is FenceStatus.COMMITTED
+    entry = journal.get(op)
+    assert entry is not None
+    assert entry.state.value == "COMPLETE"
+    assert [t.to_state.value for t in journal.history(op)][-1] == "COMPLETE"
+    assert target.ids() == [-1, 0, 1, 2]
+
+
+def test_a_fused_insert_meeting_an_entry_is_journal_conflict_and_writes_nothing(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    op, intent = _op()
+    journal.create_intent(operation_id=op, intent_digest=intent, metadata={}, actor="other")
+    with pytest.raises(JournalConflict):
+        target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+    entry = journal.get(op)
+    assert entry is not None
+    assert entry.state.value == "PREPARING"  # the other's, untouched
+
+
+def test_a_rejected_row_in_a_fused_statement_is_the_connector_s_and_keeps_no_entry(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    op, intent = _op()
+    with pytest.raises(TargetWriteFailed):
+        target.mutate(
+            op, intent, [("not-a-number", "a")], within=_fused_within(journal, op, intent)
+        )
+    assert journal.get(op) is None
+    assert journal.history(op) == []
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+    target.mutate(*_op(), [(3, "c")])  # the connection is usable again
+    assert target.ids() == [-1, 0, 3]
+
+
+def test_a_fused_statement_meeting_a_committed_fence_row_is_refused_with_no_entry(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    op, intent = _op()
+    target.mutate(op, intent, [(1, "a")])  # another executor's committed row, no entry
+    with pytest.raises(FencedOut):
+        target.mutate(op, intent, [(2, "b")], within=_fused_within(journal, op, intent))
+    assert target.ids() == [-1, 0, 1]
+    assert journal.get(op) is None
+
+
+def test_a_fused_statement_takes_the_operation_lock_before_any_write(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """Another writer holds the operation's lock: the fused statement waits for it before
+    writing its fence row (else that writer's own fence INSERT would wait on ours and
+    deadlock), then meets the row that writer committed and is refused."""
+    from dpone.adapters.connectors.postgres import FENCE_TABLE, _operation_key
+
+    op, intent = _op()
+    done: list[BaseException | None] = []
+
+    def fused() -> None:
+        try:
+            target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+            done.append(None)
+        except BaseException as exc:  # handed to the test
+            done.append(exc)
+
+    with psycopg.connect(target.dsn) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (_operation_key(op),))
+        writer = threading.Thread(target=fused)
+        writer.start()
+        wait_until(
+            "the fused statement to wait for the operation's lock",
+            lambda: bool(
+                target.query(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND wait_event = 'advisory'"
+                )
+            ),
+        )
+        holder.execute("SET lock_timeout = '2s'")  # a deadlock would fail here, not hang
+        holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (operation_id, intent_digest, epoch, state, row_count, "
+                "content_digest, committed_at) VALUES (%s, %s, 1, 'committed', 0, %s, now())"
+            ).format(sql.Identifier(target.schema, FENCE_TABLE)),
+            (op, intent, "sha256:" + "d" * 64),
+        )
+        holder.commit()
+    writer.join(30)
+    assert len(done) == 1
+    assert isinstance(done[0], FencedOut), done
+    assert target.ids() == [-1, 0]
+    assert journal.get(op) is None

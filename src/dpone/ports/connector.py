@@ -11,6 +11,8 @@ from dpone.contracts.load import LoadPlan, MutationReport
 __all__ = [
     "CannotQueueAhead",
     "Collector",
+    "Fused",
+    "FusedCollector",
     "Gate",
     "GatedConnectorPort",
     "QueuedWithin",
@@ -29,6 +31,47 @@ Collector = Callable[[BaseException | None], None]
 #: Called by ``GatedConnectorPort.mutate`` before its first byte to the target; what it
 #: raises stops the write with nothing sent (ADR 0021).
 Gate = Callable[[], None]
+#: A ``Fused`` part's collector: called with its columns of the host statement's row
+#: (None with an error), or with the error that statement raised; see ``Fused``.
+FusedCollector = Callable[[Sequence[object] | None, BaseException | None], object]
+
+
+class Fused:
+    """A ``QueuedWithin``'s statements as CTEs inside ONE statement of the connector (ADR 0022).
+
+    For a connector whose target runs data-modifying CTEs (PostgreSQL): it writes
+    ``WITH gate AS MATERIALIZED (...), <ctes>, <its own CTEs> SELECT <select>, <its
+    columns> FROM <source>, ...``, one autocommit statement, so the within's writes and
+    the connector's commit together or not at all, with no BEGIN or COMMIT to send. The
+    host defines the one-row CTE ``gate`` first (the operation's lock); every write of
+    ``ctes`` waits for it. ``ctes`` and ``select`` use positional ``%s`` placeholders,
+    filled by ``params`` in order, before the host's own.
+
+    ``collect(columns, None)`` returns the result (``columns``: the row's first
+    ``width`` values). ``collect(None, error)`` raises the within's own translation when
+    the error is its statements' (a conflict on its own tables) and returns otherwise:
+    the error is then the connector's, or cannot be told apart: nothing then says that
+    the within's writes would have succeeded.
+    """
+
+    __slots__ = ("collect", "ctes", "params", "select", "source", "width")
+
+    def __init__(
+        self,
+        *,
+        ctes: bytes,
+        params: Sequence[object],
+        select: bytes,
+        source: bytes,
+        width: int,
+        collect: FusedCollector,
+    ) -> None:
+        self.ctes = ctes
+        self.params = params
+        self.select = select
+        self.source = source
+        self.width = width
+        self.collect = collect
 
 
 class QueuedWithin:
@@ -49,11 +92,21 @@ class QueuedWithin:
     pipelined path, say), it raises ``CannotQueueAhead`` before writing anything.
     """
 
-    __slots__ = ("ahead", "queue")
+    __slots__ = ("ahead", "fuse", "queue")
 
-    def __init__(self, queue: Callable[[object], Collector], *, ahead: bool = False) -> None:
+    def __init__(
+        self,
+        queue: Callable[[object], Collector],
+        *,
+        ahead: bool = False,
+        fuse: Callable[[object], Fused] | None = None,
+    ) -> None:
         self.queue = queue
         self.ahead = ahead
+        #: ``fuse(txn)``: the same statements as a ``Fused`` part, for a connector that
+        #: writes them inside its own statement on the idle connection ``txn`` instead
+        #: of queueing them (None: this within cannot be fused)
+        self.fuse = fuse
 
     def __call__(self, txn: object) -> None:
         """Run as a plain ``within``: queue the statements, then collect at once."""

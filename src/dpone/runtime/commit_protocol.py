@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -39,6 +39,7 @@ from dpone.ports.checkpoint import CheckpointStorePort, TransactionalCheckpointS
 from dpone.ports.connector import (
     CannotQueueAhead,
     Collector,
+    Fused,
     GatedConnectorPort,
     QueuedWithin,
     TargetConnectorPort,
@@ -121,6 +122,8 @@ class RunFold(msgspec.Struct, kw_only=True):
     queue_complete: Callable[..., Callable[[BaseException | None], JournalEntry | None]] | None = (
         None
     )
+    #: ``queue_complete`` as a ``Fused`` part of the target's statement (ADR 0022)
+    fuse_complete: Callable[..., Fused] | None = None
     #: forward mode: create the entry COMMITTING together with the run RUNNING at
     #: attempt 1; returns ``(entry, run_recorded)`` (``FoldingLedgerPort``)
     create_committing: Callable[..., tuple[JournalEntry, bool]] | None = None
@@ -1017,14 +1020,25 @@ class CommitProtocol:
         # A journal that can queue the entry's INSERT lets a pipelining target send it
         # with the rows, the fence and COMMIT at one sync (ADR 0016).
         queue_create = getattr(journal, "queue_complete_within", None)
+        # ... and one that can also hand it over as CTEs lets the target write it inside
+        # its own one statement, with no BEGIN or COMMIT (ADR 0022)
+        fuse_create = getattr(journal, "fuse_complete_within", None)
         if run_fold is not None:
             queue_create = run_fold.queue_complete  # None: the run is written apart
+            fuse_create = run_fold.fuse_complete
         # An armed failpoint keeps the plain within: it then fires where it always did,
         # after the rows and fence statement and the entry's INSERT were read.
         chosen: WithinTransaction = within
         accepted: list[bool] = []  # the entry's INSERT had a result: the operation is new
         if queue_create is not None and not failpoints.armed(*_WITHIN_POINTS):
-            chosen = _queued_create(queue_create, entry_fields, written, accepted, ahead=unread)
+            chosen = _queued_create(
+                queue_create,
+                entry_fields,
+                written,
+                accepted,
+                ahead=unread,
+                fuse_create=fuse_create,
+            )
         elif unread:
             raise LookupFirst  # the run is written apart: nothing sent yet
 
@@ -1427,6 +1441,7 @@ def _queued_create(
     accepted: list[bool],
     *,
     ahead: bool = False,
+    fuse_create: Callable[..., Fused] | None = None,
 ) -> QueuedWithin:
     """The folded first attempt's ``within``, queued (ADR 0016).
 
@@ -1434,6 +1449,9 @@ def _queued_create(
     ``within``), so it fires none of them. Its collector keeps the entry the INSERT
     returned, and notes in ``accepted`` that the INSERT succeeded (also when another
     statement's error rolled it back). ``ahead``: it must go before the rows (ADR 0019).
+    ``fuse_create``: ``create`` as a ``Fused`` part, which a connector may write inside
+    its own statement (ADR 0022); its collector notes the INSERT as accepted only with
+    the row that statement returned.
     """
 
     def queue(txn: object) -> Collector:
@@ -1447,7 +1465,22 @@ def _queued_create(
 
         return collect
 
-    return _FoldWithin(queue, ahead=ahead)
+    def fuse(txn: object) -> Fused:
+        assert fuse_create is not None  # noqa: S101 - offered only with it
+        part = fuse_create(txn, **fields())
+        collect_part = part.collect
+
+        def collect(columns: Sequence[object] | None, error: BaseException | None) -> object:
+            entry = collect_part(columns, error)  # raises the INSERT's own error
+            if error is None:
+                accepted.append(True)
+                written.append(cast(JournalEntry, entry))
+            return entry
+
+        part.collect = collect
+        return part
+
+    return _FoldWithin(queue, ahead=ahead, fuse=None if fuse_create is None else fuse)
 
 
 class _FoldWithin(QueuedWithin):
@@ -1458,8 +1491,14 @@ class _FoldWithin(QueuedWithin):
 
     __slots__ = ("called_plainly",)
 
-    def __init__(self, queue: Callable[[object], Collector], *, ahead: bool) -> None:
-        super().__init__(queue, ahead=ahead)
+    def __init__(
+        self,
+        queue: Callable[[object], Collector],
+        *,
+        ahead: bool,
+        fuse: Callable[[object], Fused] | None,
+    ) -> None:
+        super().__init__(queue, ahead=ahead, fuse=fuse)
         self.called_plainly = False
 
     def __call__(self, txn: object) -> None:

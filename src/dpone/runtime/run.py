@@ -46,6 +46,7 @@ from dpone.errors import (
     RunKeyConflict,
     recovery_ref,
 )
+from dpone.ports.connector import Fused
 from dpone.ports.ledger import (
     FindingLedgerPort,
     FoldingLedgerPort,
@@ -320,12 +321,16 @@ class RunService:
         write: Callable[[object], None] = _unused_writer
         create_complete: Callable[..., JournalEntry] | None = None
         queue_complete: Callable[..., Callable[..., JournalEntry | None]] | None = None
+        fuse_complete: Callable[..., Fused] | None = None
         if both is not None:
             create_complete = both(start, owner=self._owner, provenance=request.provenance)
             # ... and queued on a pipelining target, when it can (ADR 0016)
             queued = getattr(folding, "queue_complete_run_entry_writer", None)
             if queued is not None:
                 queue_complete = queued(start, owner=self._owner, provenance=request.provenance)
+            fused = getattr(folding, "fuse_complete_run_entry_writer", None)
+            if fused is not None:
+                fuse_complete = fused(start, owner=self._owner, provenance=request.provenance)
         else:
             write = folding.complete_run_writer(
                 start, owner=self._owner, provenance=request.provenance
@@ -349,6 +354,7 @@ class RunService:
             write=write,
             create_complete=create_complete,
             queue_complete=queue_complete,
+            fuse_complete=fuse_complete,
             decline=decline,
             create_committing=lambda **entry: folding.create_committing_with_run(
                 start, provenance=request.provenance, **entry

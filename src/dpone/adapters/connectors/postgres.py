@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import date, datetime, time
 from decimal import Decimal
-from itertools import chain
+from itertools import chain, count
 from operator import itemgetter
 from typing import Any
 
@@ -49,6 +49,7 @@ from dpone.errors import (
 from dpone.ports.connector import (
     CannotQueueAhead,
     Collector,
+    Fused,
     Gate,
     QueuedWithin,
     Rows,
@@ -432,8 +433,65 @@ def _insert_params(
         ) from None
 
 
+def _fused_write(plan: _Plan, rows: int, *, fence: sql.Composable, part: Fused) -> bytes:
+    """ONE autocommit statement: the operation's lock, ``part``'s CTEs, the fence, the rows.
+
+    ``gate`` takes the operation's advisory lock (``_OPERATION_LOCK``) before the
+    fence's INSERT and every write of ``part`` (they read it), so writers of one
+    operation queue on it as on every other path (ADR 0022). The closing SELECT joins
+    ``part``'s row with the fence's RETURNING; the rows' CTE is read by nobody, and runs
+    to completion after them, in the same statement and snapshot.
+    """
+    own = _small_write(plan, rows, fence=fence, clear=None, head=False).as_bytes(None)
+    return _numbered(
+        b"".join(
+            (
+                b"WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s)), ",
+                part.ctes,
+                b", ",
+                own,
+                b" SELECT ",
+                part.select,
+                b", fence.state, fence.epoch, fence.intent_digest, fence.row_count, "
+                b"fence.content_digest FROM ",
+                part.source,
+                b" CROSS JOIN fence",
+            )
+        )
+    )
+
+
+_PLACEHOLDER = re.compile(rb"%(.)", re.DOTALL)
+
+
+def _numbered(statement: bytes) -> bytes:
+    """``statement``'s ``%s`` placeholders as PostgreSQL's own ``$1``, ``$2``... in order.
+
+    For a ``psycopg.RawCursor``, which sends the statement as it is: psycopg parses a
+    ``%s`` statement again on every execute once it has more than 50 parameters (it
+    caches only shorter ones), which costs a fused statement more than its round trip.
+    ``%%`` is a percent sign, as psycopg reads it; any other ``%`` is refused.
+    """
+    numbers = count(1)
+
+    def number(match: re.Match[bytes]) -> bytes:
+        kind = match.group(1)
+        if kind == b"%":
+            return b"%"
+        if kind != b"s":
+            raise ValueError(f"a statement may hold only %s and %% placeholders, not %{kind!r}")
+        return b"$%d" % next(numbers)
+
+    return _PLACEHOLDER.sub(number, statement)
+
+
 def _small_write(
-    plan: _Plan, rows: int, *, fence: sql.Composable, clear: sql.Composable | None
+    plan: _Plan,
+    rows: int,
+    *,
+    fence: sql.Composable,
+    clear: sql.Composable | None,
+    head: bool = True,
 ) -> sql.Composed:
     """ONE statement: the fence statement (RETURNING its row), the replace DELETE, the rows.
 
@@ -452,6 +510,8 @@ def _small_write(
                 plan.table.ident, _column_list(plan.columns), sql.SQL(", ").join([row] * rows)
             )
         )
+    if not head:  # the CTEs alone, for a host statement (``_fused_write``)
+        return sql.SQL(", ").join(parts)
     return sql.SQL("WITH {} SELECT {} FROM fence").format(sql.SQL(", ").join(parts), _FENCE_COLUMNS)
 
 
@@ -503,6 +563,7 @@ class _Statements(msgspec.Struct, frozen=True):
     commit: sql.Composed
     prepare_committed: sql.Composed
     insert_committed: sql.Composed
+    insert_committed_gated: sql.Composed
     commit_checked: sql.Composed
 
     @classmethod
@@ -581,6 +642,14 @@ class _Statements(msgspec.Struct, frozen=True):
                 "INSERT INTO {fence} AS f (operation_id, intent_digest, epoch, state, "
                 "row_count, content_digest, committed_at) "
                 "VALUES (%s, %s, %s, 'committed', %s, %s, now()) {returning}"
+            ).format(fence=fence, returning=returning),
+            # ... the same once the host statement's CTE ``gate`` (the operation's lock)
+            # has a row: a fused statement's (ADR 0022); a SELECT list infers no types
+            insert_committed_gated=sql.SQL(
+                "INSERT INTO {fence} AS f (operation_id, intent_digest, epoch, state, "
+                "row_count, content_digest, committed_at) "
+                "SELECT %s::text, %s::text, %s::bigint, 'committed', %s::bigint, %s::text, "
+                "now() FROM gate {returning}"
             ).format(fence=fence, returning=returning),
             # ... and ``commit`` alone, with the checks mutate makes under the lock.
             commit_checked=sql.SQL(
@@ -940,6 +1009,7 @@ class PostgresConnector:
         # itself still fails safely (rolled back) if the table changed since.
         self._verified: set[tuple[object, ...]] = set()
         self._inserts: dict[tuple[_Plan, int, bool, bool, bool], bytes] = {}
+        self._fusions: dict[tuple[_Plan, int, bytes], bytes] = {}  # fused statements
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._lock = threading.RLock()  # re-entrant: within() may call back into observe
 
@@ -1335,6 +1405,16 @@ class PostgresConnector:
             and (within is None or isinstance(within, QueuedWithin))
         ):
             try:
+                if isinstance(within, QueuedWithin) and within.fuse is not None and clear is None:
+                    return self._small_fused(
+                        conn,
+                        plan,
+                        params,
+                        within.fuse(conn),
+                        operation_id=operation_id,
+                        content_digest=content_digest,
+                        count=count,
+                    )
                 return self._small_at_once(
                     conn,
                     self._small_statement(plan, count, prepare=prepare, clear=clear, fresh=True),
@@ -1461,6 +1541,63 @@ class PostgresConnector:
             )
         if collect is not None:
             collect(None)  # committed: hands over what its statements returned
+        return MutationReport(
+            row_count=count, content_digest=content_digest, committed=_observation(marked)
+        )
+
+    def _small_fused(
+        self,
+        conn: psycopg.Connection[Any],
+        plan: _Plan,
+        params: list[object],
+        part: Fused,
+        *,
+        operation_id: str,
+        content_digest: str,
+        count: int,
+    ) -> MutationReport:
+        """``_small_at_once`` as ONE autocommit statement, ``part`` fused in (ADR 0022).
+
+        The lock, ``part``'s writes (the journal's entry born COMPLETE), the fence row
+        and the rows commit together or not at all: one statement needs no BEGIN or
+        COMMIT, and a client that stops at any point before its one message is sent has
+        sent nothing. A successful execute is the acknowledged commit. Any error is
+        offered to ``part`` first (one of its tables: its own), then judged as
+        ``_small_at_once`` judges its statement's.
+        """
+        key = (plan, count, part.ctes)
+        statement = self._fusions.get(key)
+        if statement is None:
+            if len(self._fusions) >= _INSERT_CACHE:
+                self._fusions.clear()
+            statement = _fused_write(plan, count, fence=self._sql.insert_committed_gated, part=part)
+            self._fusions[key] = statement
+        values = [_operation_key(operation_id), *part.params, *params]
+        try:
+            with psycopg.RawCursor(conn) as cur:  # $n placeholders (``_numbered``)
+                try:
+                    cur.execute(statement, values)
+                except UnicodeEncodeError:
+                    raise TargetWriteFailed(
+                        "a text value is not valid Unicode (a lone surrogate); nothing was written",
+                        operation_id=operation_id,
+                    ) from None
+                row = cur.fetchone()
+        except psycopg.Error as exc:
+            _rollback_quietly(conn)
+            if conn.broken:
+                raise  # the connection itself: the commit is unknown (the caller's)
+            part.collect(None, exc)  # raises its own error when one of its tables failed
+            if self._is_fence_row(exc):
+                raise _FenceRowExists from exc
+            raise
+        if row is None:  # two one-row RETURNINGs joined: never empty, yet never guess
+            raise TargetWriteFailed(
+                "the target did not confirm the commit", operation_id=operation_id
+            )
+        width = part.width
+        part.collect(row[:width], None)
+        marked: _FenceRow = row[width:]
         return MutationReport(
             row_count=count, content_digest=content_digest, committed=_observation(marked)
         )

@@ -6,7 +6,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache, lru_cache, partial
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,6 +31,7 @@ from dpone.contracts.journal import AuditRecord, AuditRequest, JournalEntry, Tra
 from dpone.contracts.run import AttemptRecord, RunError, RunRecord, RunStart, RunState
 from dpone.contracts.states import CommitState
 from dpone.errors import ConfigInvalid, DponeError, JournalConflict, JournalUnavailable
+from dpone.ports.connector import Fused
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -545,6 +546,28 @@ def _born_statement(
     when the CTE ``run`` wrote the run (its INSERT carries the guard, ADR 0018).
     ``select`` replaces the statement's closing SELECT of the entry born (``created``).
     """
+    closing = select or f"SELECT {_entry_columns('c')} FROM created AS c"
+    ctes = _born_ctes(j, t, state, run_ctes=run_ctes, only_with_run=only_with_run)
+    return f"""
+        WITH {ctes}
+        {closing}
+    """
+
+
+def _born_ctes(
+    j: str,
+    t: str,
+    state: CommitState,
+    *,
+    run_ctes: str = "",
+    only_with_run: bool = False,
+    gated: bool = False,
+) -> str:
+    """``_born_statement``'s CTEs (``created``, ``history``, after ``run_ctes``).
+
+    ``gated``: the entry's INSERT waits for the host statement's one-row CTE ``gate``
+    (``Fused``, ADR 0022); ``run_ctes`` are then gated by their caller.
+    """
     kinds = {"create": "'{}'::jsonb", "lease": _LEASE_EVIDENCE, "fold": "%(evidence)s::jsonb"}
     steps = _born_steps(state)
     values = ", ".join(
@@ -556,11 +579,12 @@ def _born_statement(
         owner, ttl, result = "NULL::text", "0", "%(result)s::jsonb"
     else:
         owner, ttl, result = "%(actor)s", "%(ttl)s::float8", "NULL::jsonb"
-    head = f"WITH {run_ctes}, " if run_ctes else "WITH "
-    guard = " WHERE EXISTS (SELECT 1 FROM run)" if only_with_run else ""
-    closing = select or f"SELECT {_entry_columns('c')} FROM created AS c"
-    return f"""
-        {head}created AS (
+    head = f"{run_ctes}, " if run_ctes else ""
+    conditions = ["EXISTS (SELECT 1 FROM run)"] if only_with_run else []
+    if gated:
+        conditions.append("EXISTS (SELECT 1 FROM gate)")
+    guard = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return f"""{head}created AS (
             INSERT INTO {j} (operation_id, intent_digest, state, previous_state, version,
                              lease_owner, lease_epoch, lease_expires_at, metadata,
                              result, created_at, updated_at)
@@ -577,9 +601,7 @@ def _born_statement(
             FROM created AS c
             CROSS JOIN (VALUES {values})
                  AS step(version, seq, from_state, to_state, kind, evidence)
-        )
-        {closing}
-    """
+        )"""
 
 
 #: The version an entry is born with past PREPARING: create and lease at 1, the fold at 2.
@@ -723,16 +745,36 @@ class PostgresCommitJournal:
         self._run_complete = _ledger_sql.first_attempt_sql(self._ledger_dialect, complete=True)
         # an entry born with its new run at attempt 1 (ADR 0011): COMPLETE with the run
         # COMPLETE (atomic), COMMITTING with the run RUNNING (forward)
+        j_name, t_name = f'"{schema}".dpone_journal', f'"{schema}".dpone_transitions'
         self._born_with_run = {
             state: _born_statement(
-                f'"{schema}".dpone_journal',
-                f'"{schema}".dpone_transitions',
+                j_name,
+                t_name,
                 state,
                 run_ctes=_ledger_sql.first_attempt_ctes(
                     self._ledger_dialect, complete=state is CommitState.COMPLETE
                 ),
             )
             for state in (CommitState.COMPLETE, CommitState.COMMITTING)
+        }
+        # the same two births COMPLETE as CTEs of a connector's statement, gated by its
+        # lock (``Fused``, ADR 0022), keyed by the statement they stand in for
+        gated = "EXISTS (SELECT 1 FROM gate)"
+        self._fusions = {
+            self._sql.born_complete: _positional(
+                _born_ctes(j_name, t_name, CommitState.COMPLETE, gated=True)
+            ),
+            self._born_with_run[CommitState.COMPLETE]: _positional(
+                _born_ctes(
+                    j_name,
+                    t_name,
+                    CommitState.COMPLETE,
+                    run_ctes=_ledger_sql.first_attempt_ctes(
+                        self._ledger_dialect, complete=True, only_if=gated
+                    ),
+                    gated=True,
+                )
+            ),
         }
         # ... born COMMITTING only while neither the run's key nor the entry exists: the
         # birth sent with the lookup, a no-op (no error) when the lookup finds either
@@ -1814,6 +1856,16 @@ class PostgresCommitJournal:
             evidence=evidence,
         )
 
+    def fuse_complete_within(self, txn: object, **fields: Any) -> Fused:
+        """``queue_complete_within``'s INSERT as a ``Fused`` part (ADR 0022).
+
+        Takes the same arguments; the target's connection ``txn`` need not be in a
+        transaction: the connector writes the part inside its own one statement.
+        """
+        return self._fuse_complete_within(
+            txn, statement=self._sql.born_complete, what="the journal entry", **fields
+        )
+
     def _complete_within(self, txn: object, **fields: Any) -> JournalEntry:
         """Insert the entry born COMPLETE (and the run, given ``run_params``) in ``txn``.
 
@@ -1825,11 +1877,20 @@ class PostgresCommitJournal:
         return entry
 
     def _queue_complete_within(
+        self, txn: object, *, statement: str, what: str, **fields: Any
+    ) -> PendingEntry:
+        """``_complete_within`` queued: returns the INSERT's collector (ADR 0016)."""
+        return self._born_queued(txn, statement, self._complete_params(**fields), what)
+
+    def _fuse_complete_within(
+        self, txn: object, *, statement: str, what: str, **fields: Any
+    ) -> Fused:
+        """``_queue_complete_within`` as a ``Fused`` part (ADR 0022)."""
+        return self._born_fused(txn, statement, self._complete_params(**fields), what)
+
+    def _complete_params(
         self,
-        txn: object,
         *,
-        statement: str,
-        what: str,
         run_params: Mapping[str, object] | None = None,
         operation_id: str,
         intent_digest: str,
@@ -1837,8 +1898,8 @@ class PostgresCommitJournal:
         actor: str,
         result: Mapping[str, object],
         evidence: Mapping[str, object] | None = None,
-    ) -> PendingEntry:
-        """``_complete_within`` queued: returns the INSERT's collector (ADR 0016)."""
+    ) -> dict[str, Any]:
+        """The parameters of an entry born COMPLETE (and of its run, given ``run_params``)."""
         params = self._born_params(
             CommitState.COMPLETE,
             ttl=None,
@@ -1851,7 +1912,48 @@ class PostgresCommitJournal:
         )
         if run_params is not None:
             params.update(run_params)
-        return self._born_queued(txn, statement, params, what)
+        return params
+
+    def _born_fused(self, txn: object, statement: str, params: dict[str, Any], what: str) -> Fused:
+        """``_born_queued``'s INSERT as a ``Fused`` part of the target's statement.
+
+        Its collector reads the entry from the host row's first columns; given the
+        host statement's error it raises ``JournalConflict`` for a unique violation in
+        this journal's tables (the run's key or the entry exists: everything rolled
+        back), this journal's translation for any other error on them, and returns for
+        an error it cannot tell its own (ADR 0022).
+        """
+        if not isinstance(txn, psycopg.Connection):
+            raise TypeError("txn must be the target's psycopg.Connection")
+        self._behind.settle()
+        self._check_database(txn)
+        ctes, names = self._fusions[statement]
+        operation_id = params["operation_id"]
+        schema = self._schema
+
+        def collect(
+            columns: Sequence[object] | None, error: BaseException | None
+        ) -> JournalEntry | None:
+            if error is None:
+                assert columns is not None  # noqa: S101 - the host row holds our columns
+                return _entry(tuple(columns))
+            if not isinstance(error, psycopg.Error) or not _on_tables(error, schema, _FUSED_TABLES):
+                return None  # not an error of this journal's tables
+            if isinstance(error, pg_errors.UniqueViolation):
+                raise JournalConflict(
+                    f"{what} was created by another executor first; read it and decide again",
+                    operation_id=operation_id,
+                ) from error
+            raise self._translate(error, "create the journal entry in the target transaction")
+
+        return Fused(
+            ctes=ctes,
+            params=[params[name] for name in names],
+            select=_ENTRY_SELECT,
+            source=b"created AS c",
+            width=_ENTRY_WIDTH,
+            collect=collect,
+        )
 
     def _born_queued(
         self, txn: object, statement: str, params: dict[str, Any], what: str
@@ -2151,6 +2253,17 @@ class PostgresCommitJournal:
             run_params=self._run_params(start, owner=owner, provenance=provenance),
         )
 
+    def fuse_complete_run_entry_writer(
+        self, start: RunStart, *, owner: str, provenance: SafeMapping | None = None
+    ) -> Callable[..., Fused]:
+        """``queue_complete_run_entry_writer``'s writer as a ``Fused`` part (ADR 0022)."""
+        return partial(
+            self._fuse_complete_within,
+            statement=self._born_with_run[CommitState.COMPLETE],
+            what="the journal entry or the run",
+            run_params=self._run_params(start, owner=owner, provenance=provenance),
+        )
+
     def _run_params(
         self, start: RunStart, *, owner: str, provenance: SafeMapping | None
     ) -> dict[str, object]:
@@ -2329,7 +2442,6 @@ class PostgresCommitJournal:
     def _check_txn(self, txn: psycopg.Connection[Any]) -> None:
         """Refuse a target transaction that is not open or not in this journal's database."""
         self._behind.settle()
-        server = self._server_identity()
         info = txn.info
         status = info.transaction_status
         # in pipeline mode a statement queued in the transaction (the run ledger's,
@@ -2339,6 +2451,12 @@ class PostgresCommitJournal:
             raise ValueError(
                 "txn must be inside an open, healthy transaction: atomic mode needs it"
             )
+        self._check_database(txn)
+
+    def _check_database(self, txn: psycopg.Connection[Any]) -> None:
+        """Refuse a target connection that is not to this journal's database."""
+        server = self._server_identity()
+        info = txn.info
         key = (info.host, info.port, info.dbname)
         same = self._same_server.get(key)
         if same is None:  # libpq's view of a connection never changes: judge it once
@@ -2791,6 +2909,36 @@ class PostgresCommitJournal:
 def _pg_now(cur: psycopg.Cursor[Any]) -> float:
     row = cur.execute("SELECT extract(epoch FROM now())::float8").fetchone()
     return float(row[0]) if row is not None else 0.0
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+_ENTRY_SELECT = _entry_columns("c").encode()
+#: the tables a fused birth writes (``_born_ctes``, ``_ledger_sql.first_attempt_ctes``)
+_FUSED_TABLES = frozenset(
+    {"dpone_journal", "dpone_transitions", "dpone_runs", "dpone_run_attempts"}
+)
+
+
+def _on_tables(error: psycopg.Error, schema: str, tables: frozenset[str]) -> bool:
+    """True when ``error`` names one of ``tables`` in ``schema`` (a constraint's, say)."""
+    diag = error.diag
+    return diag.schema_name == schema and diag.table_name in tables
+
+
+def _positional(statement: str) -> tuple[bytes, tuple[str, ...]]:
+    """A statement with named ``%(name)s`` placeholders as positional ``%s`` ones.
+
+    Returns the statement and the names in placeholder order (a name may repeat), for a
+    host statement whose own placeholders are positional (``Fused``). No other ``%`` may
+    appear: it would be read as a placeholder.
+    """
+    names = tuple(_NAMED.findall(statement))
+    positional = _NAMED.sub("%s", statement)
+    if positional.count("%") != len(names):
+        raise ValueError("a fused statement may hold no '%' but its placeholders")
+    return positional.encode(), names
 
 
 def _positive(value: float, field: str) -> float:
