@@ -9,10 +9,10 @@
    _interleaved and INTERLEAVE_BLOCK); the separate rounds' ratios are printed beside them.
 3. Replaying the 2,000 finished operations: <= 0.5 ms each, zero target writes.
 4. WAL syncs per small operation from pg_stat_wal: <= 2 atomic, <= 4 forward.
-5. (reported, no budget) The floor: the statements one atomic small operation sends,
-   replayed alone (also without the journal's statement or parts of it, without BEGIN
-   and COMMIT, and through libpq directly, with one flush), beside the plain loop and
-   dpone itself, and where dpone's client CPU goes by phase (bench_floor).
+5. (reported, no budget) The floor: the one statement an atomic small operation sends
+   (ADR 0022), replayed alone (through psycopg as dpone sends it, and through libpq
+   directly), beside the plain loop and dpone itself, and where dpone's client CPU goes
+   by phase (bench_floor).
 
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
        [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small|floor]
@@ -562,7 +562,8 @@ def _wrapped(owner: Any, name: str, wrap: Callable[[Any], Any]) -> Iterator[None
 
 
 def _record_statements(runner: Any, interval: str, partition: str) -> list[tuple[Any, Any]]:
-    """The statements (and parameters) one operation of ``runner`` sends, as psycopg got them.
+    """The statement (and parameters) one operation of ``runner`` sends, as psycopg got it,
+    then ``(operation_id, run_id)``.
 
     Recorded by wrapping ``psycopg.Cursor.execute`` for that one call; measurement only.
     """
@@ -577,47 +578,23 @@ def _record_statements(runner: Any, interval: str, partition: str) -> list[tuple
 
     with _wrapped(psycopg.Cursor, "execute", recording):
         result = runner.run(interval=interval, partition=partition)
-    names = [(q if isinstance(q, bytes) else str(q).encode()).split()[0].upper() for q, _ in sent]
-    # the atomic first attempt (ADR 0016): BEGIN, the operation's lock, the journal's
-    # statement, the rows and the fence, COMMIT, pipelined at one sync
-    if len(sent) != 5 or names[0] != b"BEGIN" or names[-1] != b"COMMIT":
-        raise SystemExit(f"floor: expected the 5 pipelined statements of ADR 0016, got {names}")
+    # the atomic first attempt (ADR 0022): ONE statement, the lock, the journal's birth,
+    # the fence row and the rows
+    if len(sent) != 1 or not bytes(sent[0][0]).startswith(FUSED_HEAD):
+        heads = [bytes(q).split()[:3] for q, _ in sent]
+        raise SystemExit(f"floor: expected the one fused statement of ADR 0022, got {heads}")
     sent.append((result.operation_id, result.run_id))
     return sent
 
 
-def _journal_parts(entry: bytes | str) -> dict[str, bytes]:
-    """The recorded journal statement whole, and without one of its inserts.
-
-    "whole": as dpone sends it; "no_history": without the six transition rows (the CTE
-    ``history``); "no_ledger": without the run ledger's run and attempt (the CTEs ``run``
-    and ``attempt``); "entry_only": the journal entry alone. What each leaves out is what
-    that insert costs the server. Cut out by their CTE names: the statement must still
-    look as recorded, or this refuses (measurement only).
-    """
-    text = entry.decode() if isinstance(entry, bytes) else str(entry)
-    marks = ("WITH run AS (", "created AS (", "), history AS (", "SELECT c.operation_id")
-    at = [text.find(mark) for mark in marks[:3]] + [text.rfind(marks[3])]  # the final SELECT
-    if -1 in at or at != sorted(at):
-        raise SystemExit("floor: the journal's statement no longer has the recorded CTEs")
-    _, created, history, select = at
-    # the history CTE runs from its "), history AS (" to the ")" that closes it before the
-    # final SELECT: keep the ")" that closes "created"
-    closing = text.rindex(")", history, select)
-    no_history = text[: history + 1] + text[closing + 1 :]
-    entry_only = "WITH " + no_history[no_history.index(marks[1]) :]
-    return {
-        "whole": text.encode(),
-        "no_history": no_history.encode(),
-        "no_ledger": ("WITH " + text[created:]).encode(),
-        "entry_only": entry_only.encode(),
-    }
+#: how the fused statement of an atomic first attempt begins (ADR 0022)
+FUSED_HEAD = b"WITH gate AS MATERIALIZED"
 
 
 def _renamer(recorded: list[tuple[Any, Any]]) -> Callable[[object, int], object]:
     """A value of the recorded operation with every mention of its operation and run
     renamed for replay ``i`` (under a tag of this writer's, so that writers never meet)."""
-    operation_id, run_id = recorded[5]
+    operation_id, run_id = recorded[-1]
     tag = uuid.uuid4().hex[:8]
 
     def renamed(value: object, i: int) -> object:
@@ -631,36 +608,19 @@ def _renamer(recorded: list[tuple[Any, Any]]) -> Callable[[object, int], object]
 
 
 def _statements_writer(
-    conn: psycopg.Connection[Any],
-    recorded: list[tuple[Any, Any]],
-    *,
-    journal: str | None = "whole",
-    explicit: bool = True,
+    conn: psycopg.Connection[Any], recorded: list[tuple[Any, Any]]
 ) -> Callable[[int], None]:
-    """Operation ``i``: the recorded statements again, pipelined as dpone sends them, under
-    fresh identities (every parameter naming the recorded operation or run is renamed);
-    ``journal`` names the journal statement's variant (_journal_parts), None leaves it
-    out; without ``explicit``, BEGIN and COMMIT are left out (the statements then run in
-    the implicit transaction that the pipeline's one sync commits)."""
-    (begin, _), (lock, lock_params), (entry, entry_params), (rows, row_params), (commit, _) = (
-        recorded[:5]
-    )
-    if journal is not None:
-        entry = _journal_parts(entry)[journal]
+    """Operation ``i``: the recorded statement again, sent as dpone sends it (a
+    ``RawCursor`` on an autocommit connection), under fresh identities (every parameter
+    naming the recorded operation or run is renamed). The advisory lock key stays the
+    recorded one: taken and released by each statement, it is never contended here."""
+    (statement, params) = recorded[0]
     renamed = _renamer(recorded)
 
     def write(i: int) -> None:
-        entry_i = {k: renamed(v, i) for k, v in entry_params.items()}
-        rows_i = [renamed(v, i) for v in row_params]
-        with conn.pipeline(), conn.cursor() as ctl, conn.cursor() as cur:
-            if explicit:
-                ctl.execute(begin)
-            ctl.execute(lock, lock_params)
-            if journal is not None:
-                ctl.execute(entry, entry_i)
-            cur.execute(rows, rows_i)
-            if explicit:
-                ctl.execute(commit)
+        with psycopg.RawCursor(conn) as cur:
+            cur.execute(statement, [renamed(v, i) for v in params])
+            cur.fetchone()
 
     return write
 
@@ -668,49 +628,34 @@ def _statements_writer(
 def _libpq_writer(
     conn: psycopg.Connection[Any], recorded: list[tuple[Any, Any]]
 ) -> Callable[[int], None]:
-    """Operation ``i``: the recorded statements as "statements" sends them (fresh identities),
-    but through libpq directly: each prepared once on the server, then sent with
-    ``PQsendQueryPrepared`` and flushed once, at the sync. The parameters are still dumped
-    by psycopg's own adapters on every operation. This is the floor under any client that
-    hands psycopg's per-statement work (its cursors, queues, prepared-statement cache and
-    a flush per pipelined statement) to libpq; measurement only (psycopg internals)."""
+    """Operation ``i``: the recorded statement as "statements" sends it (fresh identities),
+    but through libpq directly: prepared once on the server, then sent with
+    ``PQsendQueryPrepared``. The parameters are still dumped by psycopg's own adapters on
+    every operation. This is the floor under any client that hands psycopg's
+    per-statement work (its cursor and prepared-statement cache) to libpq; measurement
+    only (psycopg internals)."""
     from psycopg import generators, pq
-    from psycopg._queries import PostgresQuery
+    from psycopg._queries import PostgresRawQuery
     from psycopg.adapt import Transformer
 
     renamed = _renamer(recorded)
-    tag = uuid.uuid4().hex[:8]  # names this writer's prepared statements
     pgconn = conn.pgconn
-    queries = []
-    for n, (query, params) in enumerate(recorded[:5]):
-        converted = PostgresQuery(Transformer(conn))
-        converted.convert(query, params)
-        name = f"dpone_floor_{tag}_{n}".encode()
-        made = pgconn.prepare(name, converted.query, converted.types)
-        if made.status != pq.ExecStatus.COMMAND_OK:
-            raise SystemExit(f"floor: libpq could not prepare {query!r}")
-        queries.append((name, converted, params))
+    query, params = recorded[0]
+    converted = PostgresRawQuery(Transformer(conn))
+    converted.convert(query, params)
+    name = f"dpone_floor_{uuid.uuid4().hex[:8]}".encode()
+    made = pgconn.prepare(name, converted.query, converted.types)
+    if made.status != pq.ExecStatus.COMMAND_OK:
+        raise SystemExit("floor: libpq could not prepare the fused statement")
 
     def write(i: int) -> None:
-        pgconn.enter_pipeline_mode()
-        for name, converted, params in queries:
-            if isinstance(params, dict):
-                converted.dump({k: renamed(v, i) for k, v in params.items()})
-            else:
-                converted.dump(None if params is None else [renamed(v, i) for v in params])
-            pgconn.send_query_prepared(name, converted.params, converted.formats)
-        pgconn.pipeline_sync()
+        converted.dump([renamed(v, i) for v in params])
+        pgconn.send_query_prepared(name, converted.params, converted.formats)
         while pgconn.flush():
             pass
-        while True:
-            result = conn.wait(generators.fetch(pgconn))
-            if result is None:  # the end of one statement's results
-                continue
-            if result.status == pq.ExecStatus.PIPELINE_SYNC:
-                break
-            if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
-                raise SystemExit(f"floor: libpq replay failed: {result.error_message!r}")
-        pgconn.exit_pipeline_mode()
+        results = conn.wait(generators.fetch_many(pgconn))
+        if [r.status for r in results] != [pq.ExecStatus.TUPLES_OK]:
+            raise SystemExit(f"floor: libpq replay failed: {results[-1].error_message!r}")
 
     return write
 
@@ -719,12 +664,9 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
     """What the atomic small operation's statements cost on their own, beside the plain
     loop and dpone's own operations, in interleaved turns (as _interleaved).
 
-    "statements": the statements dpone sends for one atomic operation (recorded from a
-    real one), replayed with fresh identities; "no_journal": the same without the
-    journal's statement; "no_history", "no_ledger", "entry_only": with the journal's
-    statement cut down (_journal_parts), so that each insert's server cost shows;
-    "implicit": without BEGIN and COMMIT; "libpq": the same statements as "statements",
-    through libpq's calls directly (_libpq_writer). dpone's time over
+    "statements": the one statement dpone sends for an atomic operation (ADR 0022,
+    recorded from a real one), replayed with fresh identities; "libpq": the same
+    statement through libpq's calls directly (_libpq_writer). dpone's time over
     "statements" is its client's own work: the source read, planning, identity, the
     journal's parameters and psycopg's handling of them. The budget (1.5x plain) leaves
     it what "statements" does not use.
@@ -755,11 +697,6 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
         contenders = {
             "plain": _plain_writer(conn, schema, ops),
             "statements": _statements_writer(replay, recorded),
-            "no_journal": _statements_writer(replay, recorded, journal=None),
-            "no_history": _statements_writer(replay, recorded, journal="no_history"),
-            "no_ledger": _statements_writer(replay, recorded, journal="no_ledger"),
-            "entry_only": _statements_writer(replay, recorded, journal="entry_only"),
-            "implicit": _statements_writer(replay, recorded, explicit=False),
             "libpq": _libpq_writer(raw, recorded),
             "atomic": through,
         }
@@ -795,57 +732,46 @@ def bench_floor(work: Path, dsn: str, ops: int, turns: int) -> dict[str, float]:
 
 
 def _client_phases(work: Path, dsn: str, ops: int, interval: str) -> dict[str, float]:
-    """Where an atomic small operation's client CPU goes, in four phases of each
-    ``Runner.run``: before its first statement (BEGIN) is sent, while its statements are
-    sent, at the pipeline's closing sync, and after it. The first and the last cannot
-    overlap the server's work. Measured in a separate pass (wrapping
-    ``psycopg.Cursor.execute`` and the pipeline's exit, which adds a little to each)."""
-    from psycopg._pipeline import Pipeline
-
+    """Where an atomic small operation's client CPU goes, in three phases of each
+    ``Runner.run``: before its one statement is sent, inside that ``execute`` (psycopg's
+    dump, send and wait, and reading the answer), and after it. The first and the last
+    cannot overlap the server's work. Measured in a separate pass (wrapping
+    ``psycopg.Cursor.execute``, which adds a little to each)."""
     from dpone.api import Runner
 
     marks: dict[str, int] = {}
 
-    def marking_begin(execute: Any) -> Any:
+    def marking(execute: Any) -> Any:
         def execute_marked(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-            if isinstance(query, bytes) and query.startswith(b"BEGIN"):
-                marks["begin"] = time.process_time_ns()
-            return execute(self, query, params, **kw)
+            fused = isinstance(query, bytes) and query.startswith(FUSED_HEAD)
+            if fused:
+                marks["send"] = time.process_time_ns()
+            try:
+                return execute(self, query, params, **kw)
+            finally:
+                if fused:
+                    marks["sent"] = time.process_time_ns()
 
         return execute_marked
 
-    def marking_sync(leave: Any) -> Any:
-        def leave_marked(self: Any, *exc: Any) -> Any:
-            marks["sync"] = time.process_time_ns()
-            try:
-                return leave(self, *exc)
-            finally:
-                marks["synced"] = time.process_time_ns()
-
-        return leave_marked
-
-    spent = dict.fromkeys(("before_send", "sending", "sync", "after"), 0)
+    spent = dict.fromkeys(("before_send", "execute", "after"), 0)
     with (
         _fresh_schema(dsn) as schema,
         Runner(_small_workload(work, dsn, dsn, schema, "atomic_orders")) as runner,
     ):
         for i in (ops, ops - 1, ops - 2):  # warm up, as bench_floor
             runner.run(interval=interval, partition=str(i))
-        with (
-            _wrapped(psycopg.Cursor, "execute", marking_begin),
-            _wrapped(Pipeline, "__exit__", marking_sync),
-        ):
+        with _wrapped(psycopg.Cursor, "execute", marking):
             for i in range(ops - 3):
                 marks.clear()
                 began = time.process_time_ns()
                 runner.run(interval=interval, partition=str(i))
                 ended = time.process_time_ns()
-                if marks.keys() != {"begin", "sync", "synced"}:
-                    raise SystemExit(f"phases: operation {i} did not take ADR 0016's path")
-                spent["before_send"] += marks["begin"] - began
-                spent["sending"] += marks["sync"] - marks["begin"]
-                spent["sync"] += marks["synced"] - marks["sync"]
-                spent["after"] += ended - marks["synced"]
+                if marks.keys() != {"send", "sent"}:
+                    raise SystemExit(f"phases: operation {i} did not take ADR 0022's path")
+                spent["before_send"] += marks["send"] - began
+                spent["execute"] += marks["sent"] - marks["send"]
+                spent["after"] += ended - marks["sent"]
     return {f"atomic_cpu_{k}_ms": v / 1e6 / (ops - 3) for k, v in spent.items()}
 
 
@@ -886,7 +812,7 @@ def main() -> None:
         "--only",
         choices=("bulk", "small", "floor"),
         default=None,
-        help="run one part of the benchmark (floor: the atomic small operation's statements "
+        help="run one part of the benchmark (floor: the atomic small operation's statement "
         "alone, beside the plain loop and dpone; see bench_floor)",
     )
     parser.add_argument(
