@@ -672,3 +672,106 @@ def test_kill_with_the_birth_sent_ahead_and_unread_then_rerun(
     finally:
         _drop(pg_available, schema)
         _drop(with_db(pg_available, "postgres"), schema)
+
+
+# An atomic Runner whose third operation is its first small one through the fused
+# statement (ADR 0022): the first two create the table and check its plan. It waits for
+# a go file before the third, so the test can block the fence table first.
+FUSED_CHILD = """
+import sys, time
+from pathlib import Path
+from dpone.api import Runner
+workload, go = sys.argv[1], Path(sys.argv[2])
+with Runner(workload) as runner:
+    for partition in ("0", "1"):
+        runner.run(interval="2026-11-01/2026-11-02", partition=partition)
+    print("ready", flush=True)
+    while not go.exists():
+        time.sleep(0.01)
+    runner.run(interval="2026-11-01/2026-11-02", partition="2")
+"""
+
+SMALL = 10  # rows per partition: the small path
+
+
+def test_kill_while_the_fused_statement_waits_then_rerun(pg_available: str, tmp_path: Path) -> None:
+    """Atomic mode through a Runner: the process is SIGKILLed while its one fused
+    statement is sent and waits on the server (the fence table is locked by the test).
+    The orphaned statement then runs to its commit, unread by anyone: a commit its client
+    never saw. The rerun finds it COMPLETE and replays; every row is there exactly once,
+    and the journal and the run ledger agree."""
+    schema = f"f_{uuid.uuid4().hex[:10]}"
+    route = Route(root=tmp_path, schema=schema, journal_dsn=pg_available, target_dsn=pg_available)
+    try:
+        for part in range(3):
+            write_orders_csv(tmp_path / f"p{part}.csv", SMALL, start_id=part * SMALL)
+        route.workload(data="p{partition}.csv")
+        go = tmp_path / "go"
+        child = subprocess.Popen(
+            [sys.executable, "-c", FUSED_CHILD, str(tmp_path / "w.yaml"), str(go)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready", child.stderr
+            with psycopg.connect(pg_available) as holder:
+                holder.execute(f'LOCK TABLE "{schema}".dpone_fence IN EXCLUSIVE MODE')
+                go.touch()
+                wait_until(
+                    "the fused statement to wait", lambda: bool(lock_waiters(pg_available, schema))
+                )
+                [orphan] = lock_waiters(pg_available, schema)
+                kill(child)
+                assert child.wait(30) == KILLED
+                holder.commit()  # the orphaned statement now runs, commits, and finds no one
+            with psycopg.connect(pg_available, autocommit=True) as conn:
+                wait_until(
+                    "the orphaned backend to end",
+                    lambda: (
+                        conn.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (orphan,)
+                        ).fetchone()
+                        == (0,)
+                    ),
+                )
+        finally:
+            if child.poll() is None:
+                kill(child)
+                child.wait(30)
+        assert route.counts() == (3 * SMALL, 3 * SMALL)  # committed with no client to tell
+        rerun = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys\nfrom dpone.api import Runner\n"
+                "with Runner(sys.argv[1]) as r:\n"
+                "    print(r.run(interval='2026-11-01/2026-11-02', partition='2').replayed)",
+                str(tmp_path / "w.yaml"),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert rerun.returncode == 0, rerun.stderr
+        assert rerun.stdout.strip() == "True"
+        assert route.counts() == (3 * SMALL, 3 * SMALL)
+        journal = route.journal()
+        try:
+            entries = journal.list_entries()
+            assert len(entries) == 3
+            for entry in entries:
+                assert entry.state is CommitState.COMPLETE
+                assert check_history(journal.history(entry.operation_id)) == []
+                problems = ledger_problems(
+                    journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
+                )
+                assert problems == [], problems
+        finally:
+            journal.close()
+    finally:
+        _drop(pg_available, schema)
