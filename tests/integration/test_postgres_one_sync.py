@@ -23,8 +23,17 @@ from dpone.adapters.connectors.postgres import PostgresConnector
 from dpone.adapters.journal.postgres import PostgresCommitJournal
 from dpone.contracts.fence import FenceStatus
 from dpone.contracts.load import Column, ColumnType, LoadPlan, LoadStrategy
-from dpone.errors import DponeError, FencedOut, JournalConflict, TargetWriteFailed
+from dpone.contracts.run import RunStart
+from dpone.errors import (
+    DponeError,
+    FencedOut,
+    FenceUnavailable,
+    JournalConflict,
+    JournalUnavailable,
+    TargetWriteFailed,
+)
 from dpone.ports.connector import Collector, QueuedWithin
+from dpone.testing.ledger_conformance import new_start
 from dpone.testing.pg_probe import wait_until
 
 COLUMNS = (
@@ -549,3 +558,121 @@ def test_a_fused_statement_takes_the_operation_lock_before_any_write(
     assert isinstance(done[0], FencedOut), done
     assert target.ids() == [-1, 0]
     assert journal.get(op) is None
+
+
+def test_a_journal_error_naming_no_table_is_the_journal_s_not_the_connector_s(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """A trigger on the journal's table RAISEs (an error that names no table): the fused
+    statement cannot tell whose it is, so the writes go again pipelined, where the
+    statement order says it is the journal's: JournalUnavailable, nothing written."""
+    op, intent = _op()
+    journal.migrate()  # the tables the trigger is on
+    schema = sql.Identifier(target.schema)
+    target.query(
+        sql.SQL(
+            "CREATE FUNCTION {}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'the journal refuses'; END $$"
+        )
+        .format(schema)
+        .as_string(None)
+    )
+    target.query(
+        sql.SQL(
+            "CREATE TRIGGER refuse BEFORE INSERT ON {}.dpone_journal "
+            "FOR EACH ROW EXECUTE FUNCTION {}.refuse()"
+        )
+        .format(schema, schema)
+        .as_string(None)
+    )
+    with pytest.raises(JournalUnavailable, match="RaiseException P0001"):
+        target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+    assert target.ids() == [-1, 0]
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+    target.query(sql.SQL("DROP TRIGGER refuse ON {}.dpone_journal").format(schema).as_string(None))
+    target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+    assert target.ids() == [-1, 0, 1]  # the same connection writes the next try once
+
+
+def _fused_run_within(
+    journal: PostgresCommitJournal, start: RunStart, op: str, intent: str
+) -> QueuedWithin:
+    """The atomic first attempt of a new run: entry, run and attempt 1, queued or fused."""
+    fields: dict[str, Any] = {
+        "operation_id": op,
+        "intent_digest": intent,
+        "metadata": {},
+        "actor": "tester",
+        "result": {"rows_written": 1},
+        "evidence": {"mode": "atomic"},
+    }
+    queued = journal.queue_complete_run_entry_writer(start, owner="tester")
+    fused = journal.fuse_complete_run_entry_writer(start, owner="tester")
+
+    def queue(txn: object) -> Collector:
+        pending = queued(txn, **fields)
+
+        def collect(error: BaseException | None) -> None:
+            pending(error)
+
+        return collect
+
+    return QueuedWithin(queue, fuse=lambda txn: fused(txn, **fields))
+
+
+def test_a_run_key_taken_is_journal_conflict_even_with_a_row_the_target_rejects(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """The run's INSERT goes before the rows' (the entry reads ``run``): a key another
+    executor recorded is JournalConflict, not the rejected row's TargetWriteFailed, as
+    the queued form reports it (its statements come first)."""
+    target.query("ALTER TABLE items ADD CONSTRAINT above CHECK (id > -100)")
+    start = new_start()
+    journal.begin_run(start)  # another executor's run under the key
+    op, intent = _op()
+    with pytest.raises(JournalConflict):
+        target.mutate(
+            op, intent, [(-500, "x")], within=_fused_run_within(journal, start, op, intent)
+        )
+    assert journal.get(op) is None
+    assert target.ids() == [-1, 0]
+    fresh, op2 = new_start(), _op()
+    with pytest.raises(TargetWriteFailed, match="rejected a row"):
+        target.mutate(*op2, [(-500, "x")], within=_fused_run_within(journal, fresh, *op2))
+    assert journal.get_run(fresh.run_id) is None  # the row's error: no run either
+
+
+def test_a_fused_write_on_a_connection_in_a_transaction_is_refused_unsent(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """One statement commits by succeeding only in autocommit: anything else is refused
+    before a byte is sent, and nothing is written."""
+    op, intent = _op()
+    conn = target.connector._conn
+    assert conn is not None
+    conn.autocommit = False
+    try:
+        with pytest.raises(RuntimeError, match="idle autocommit"):
+            target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+    finally:
+        conn.rollback()
+        conn.autocommit = True
+    assert target.ids() == [-1, 0]
+    assert journal.get(op) is None
+
+
+def test_a_fused_write_whose_row_cannot_be_read_is_unconfirmed_not_failed(
+    target: Target, journal: PostgresCommitJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement succeeded (it committed) but its row is missing: FenceUnavailable,
+    which the protocol never records as a failure; the entry and rows did commit, so
+    the next try finds them in the journal."""
+    op, intent = _op()
+    monkeypatch.setattr(psycopg.RawCursor, "fetchone", lambda self: None)
+    with pytest.raises(FenceUnavailable, match="reads the journal before writing"):
+        target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+    monkeypatch.undo()
+    entry = journal.get(op)
+    assert entry is not None
+    assert entry.state.value == "COMPLETE"
+    assert target.ids() == [-1, 0, 1]

@@ -857,6 +857,25 @@ class _FenceRowExists(Exception):
     """The first attempt's INSERT met an existing fence row; the transaction rolled back."""
 
 
+def _unconfirmed(operation_id: str) -> FenceUnavailable:
+    """A fused statement that succeeded but whose row could not be read (ADR 0022)."""
+    return FenceUnavailable(
+        "the target committed the write's statement but its confirming row could not be "
+        "read; the next try reads the journal before writing anything",
+        operation_id=operation_id,
+    )
+
+
+class _Unclaimed(Exception):
+    """The fused statement failed with an error that names no table (ADR 0022).
+
+    A trigger's RAISE, a privilege, a timeout or a value's type: not the fused part's by
+    its tables, nor the fence row's, nor certainly the rows'. The statement rolled back
+    whole, so the pipelined path runs the same writes again, where the statement order
+    attributes the error (``_small_at_once``).
+    """
+
+
 #: the epoch of a first attempt: no fence row exists for it yet (ADR 0016)
 _FIRST_EPOCH = 1
 
@@ -1406,15 +1425,18 @@ class PostgresConnector:
         ):
             try:
                 if isinstance(within, QueuedWithin) and within.fuse is not None and clear is None:
-                    return self._small_fused(
-                        conn,
-                        plan,
-                        params,
-                        within.fuse(conn),
-                        operation_id=operation_id,
-                        content_digest=content_digest,
-                        count=count,
-                    )
+                    try:
+                        return self._small_fused(
+                            conn,
+                            plan,
+                            params,
+                            within.fuse(conn),
+                            operation_id=operation_id,
+                            content_digest=content_digest,
+                            count=count,
+                        )
+                    except _Unclaimed:
+                        pass  # rolled back whole: written again below, told by statement order
                 return self._small_at_once(
                     conn,
                     self._small_statement(plan, count, prepare=prepare, clear=clear, fresh=True),
@@ -1563,8 +1585,12 @@ class PostgresConnector:
         COMMIT, and a client that stops at any point before its one message is sent has
         sent nothing. A successful execute is the acknowledged commit. Any error is
         offered to ``part`` first (one of its tables: its own), then judged as
-        ``_small_at_once`` judges its statement's.
+        ``_small_at_once`` judges its statement's; one that names no table is
+        ``_Unclaimed`` (the caller writes again, pipelined, to tell whose it is).
         """
+        if not conn.autocommit or conn.info.transaction_status is not TransactionStatus.IDLE:
+            # a statement in an open transaction would not commit by itself succeeding
+            raise RuntimeError("the fused write needs an idle autocommit connection")
         key = (plan, count, part.ctes)
         statement = self._fusions.get(key)
         if statement is None:
@@ -1573,8 +1599,8 @@ class PostgresConnector:
             statement = _fused_write(plan, count, fence=self._sql.insert_committed_gated, part=part)
             self._fusions[key] = statement
         values = [_operation_key(operation_id), *part.params, *params]
-        try:
-            with psycopg.RawCursor(conn) as cur:  # $n placeholders (``_numbered``)
+        with psycopg.RawCursor(conn) as cur:  # $n placeholders (``_numbered``)
+            try:
                 try:
                     cur.execute(statement, values)
                 except UnicodeEncodeError:
@@ -1582,19 +1608,26 @@ class PostgresConnector:
                         "a text value is not valid Unicode (a lone surrogate); nothing was written",
                         operation_id=operation_id,
                     ) from None
+            except psycopg.Error as exc:
+                _rollback_quietly(conn)
+                if conn.broken:
+                    raise  # the connection itself: the commit is unknown (the caller's)
+                part.collect(None, exc)  # raises its own error when one of its tables failed
+                if self._is_fence_row(exc):
+                    raise _FenceRowExists from exc
+                if exc.diag.table_name is None:
+                    raise _Unclaimed from exc
+                raise
+            # The statement succeeded: it committed what it wrote. Its row (two one-row
+            # RETURNINGs joined) is never missing; if it were, never guess: the next try
+            # reads the journal first, as after a lost connection, and nothing of this
+            # one is recorded as failed.
+            try:
                 row = cur.fetchone()
-        except psycopg.Error as exc:
-            _rollback_quietly(conn)
-            if conn.broken:
-                raise  # the connection itself: the commit is unknown (the caller's)
-            part.collect(None, exc)  # raises its own error when one of its tables failed
-            if self._is_fence_row(exc):
-                raise _FenceRowExists from exc
-            raise
-        if row is None:  # two one-row RETURNINGs joined: never empty, yet never guess
-            raise TargetWriteFailed(
-                "the target did not confirm the commit", operation_id=operation_id
-            )
+            except psycopg.Error as exc:
+                raise _unconfirmed(operation_id) from exc
+        if row is None:
+            raise _unconfirmed(operation_id)
         width = part.width
         part.collect(row[:width], None)
         marked: _FenceRow = row[width:]

@@ -772,6 +772,9 @@ class PostgresCommitJournal:
                     run_ctes=_ledger_sql.first_attempt_ctes(
                         self._ledger_dialect, complete=True, only_if=gated
                     ),
+                    # the entry reads ``run``: the run's INSERT (and a key conflict) then
+                    # comes before the unread rows' (ADR 0022), as in the queued form
+                    only_with_run=True,
                     gated=True,
                 )
             ),
