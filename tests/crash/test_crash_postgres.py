@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dpone.contracts.journal import JournalEntry
 from dpone.contracts.run import AttemptState
 from dpone.contracts.states import CommitState
 from dpone.runtime.failpoints import FAILPOINT_NAMES
@@ -115,21 +116,27 @@ class Route:
 
     def assert_exactly_once(self, rows: int = ROWS) -> None:
         assert self.counts() == (rows, rows)
+        [entry] = self.assert_all_complete(1)
+        assert entry.result is not None
+        assert entry.result["rows_written"] == rows
+
+    def assert_all_complete(self, operations: int) -> list[JournalEntry]:
+        """``operations`` entries, each COMPLETE with a coherent history, and the run
+        ledger telling the same truth (its runs, attempts, the last COMPLETE)."""
         journal = self.journal()
         try:
-            [entry] = journal.list_entries()
-            assert entry.state is CommitState.COMPLETE
-            assert entry.result is not None
-            assert entry.result["rows_written"] == rows
-            history = journal.history(entry.operation_id)
-            assert check_history(history) == [], history
-            # the run ledger tells the same truth: one run, its attempts, the last COMPLETE
-            problems = ledger_problems(
-                journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
-            )
-            assert problems == [], problems
+            entries = journal.list_entries()
+            assert [e.state for e in entries] == [CommitState.COMPLETE] * operations
+            for entry in entries:
+                history = journal.history(entry.operation_id)
+                assert check_history(history) == [], history
+                problems = ledger_problems(
+                    journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
+                )
+                assert problems == [], problems
         finally:
             journal.close()
+        return entries
 
 
 def _drop(dsn: str, schema: str) -> None:
@@ -656,19 +663,7 @@ def test_kill_with_the_birth_sent_ahead_and_unread_then_rerun(
         assert outcome.final == 0, outcome.last_stderr
         assert EXIT_COMMIT_UNKNOWN not in outcome.codes
         assert route.counts() == (3 * rows, 3 * rows)
-        journal = route.journal()
-        try:
-            entries = journal.list_entries()
-            assert [e.state for e in entries] == [CommitState.COMPLETE] * 3
-            for entry in entries:
-                history = journal.history(entry.operation_id)
-                assert check_history(history) == [], history
-                problems = ledger_problems(
-                    journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
-                )
-                assert problems == [], problems
-        finally:
-            journal.close()
+        route.assert_all_complete(3)
     finally:
         _drop(pg_available, schema)
         _drop(with_db(pg_available, "postgres"), schema)
@@ -694,12 +689,17 @@ with Runner(workload) as runner:
 SMALL = 10  # rows per partition: the small path
 
 
-def test_kill_while_the_fused_statement_waits_then_rerun(pg_available: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("blocked", ["before the gate", "in its rows"])
+def test_kill_while_the_fused_statement_waits_then_rerun(
+    pg_available: str, tmp_path: Path, blocked: str
+) -> None:
     """Atomic mode through a Runner: the process is SIGKILLed while its one fused
-    statement is sent and waits on the server (the fence table is locked by the test).
-    The orphaned statement then runs to its commit, unread by anyone: a commit its client
-    never saw. The rerun finds it COMPLETE and replays; every row is there exactly once,
-    and the journal and the run ledger agree."""
+    statement is sent and waits on the server, either before it runs at all (the test
+    locks the fence table) or past the operation's lock with its entry and fence row
+    written (an uncommitted writer holds one of its rows' keys). The orphaned statement
+    then runs to its commit, unread by anyone: a commit its client never saw. The rerun
+    finds it COMPLETE and replays; every row is there exactly once, and the journal and
+    the run ledger agree."""
     schema = f"f_{uuid.uuid4().hex[:10]}"
     route = Route(root=tmp_path, schema=schema, journal_dsn=pg_available, target_dsn=pg_available)
     try:
@@ -718,15 +718,32 @@ def test_kill_while_the_fused_statement_waits_then_rerun(pg_available: str, tmp_
             assert child.stdout is not None
             assert child.stdout.readline().strip() == "ready", child.stderr
             with psycopg.connect(pg_available) as holder:
-                holder.execute(f'LOCK TABLE "{schema}".dpone_fence IN EXCLUSIVE MODE')
+                if blocked == "before the gate":
+                    holder.execute(f'LOCK TABLE "{schema}".dpone_fence IN EXCLUSIVE MODE')
+                else:
+                    holder.execute(f'CREATE UNIQUE INDEX ON "{schema}".orders (order_id)')
+                    holder.commit()
+                    holder.execute(
+                        f'INSERT INTO "{schema}".orders VALUES (%s, %s, 0, now())',
+                        (2 * SMALL, "held"),  # partition 2's first key, uncommitted
+                    )
                 go.touch()
                 wait_until(
                     "the fused statement to wait", lambda: bool(lock_waiters(pg_available, schema))
                 )
                 [orphan] = lock_waiters(pg_available, schema)
+                gated = holder.execute(
+                    "SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype = 'advisory' "
+                    "AND granted",
+                    (orphan,),
+                ).fetchone()
+                assert gated == ((0,) if blocked == "before the gate" else (1,))
                 kill(child)
                 assert child.wait(30) == KILLED
-                holder.commit()  # the orphaned statement now runs, commits, and finds no one
+                if blocked == "before the gate":
+                    holder.commit()  # the orphaned statement now runs, commits, finds no one
+                else:
+                    holder.rollback()  # the held key is free: the orphan's rows go in
             with psycopg.connect(pg_available, autocommit=True) as conn:
                 wait_until(
                     "the orphaned backend to end",
@@ -760,18 +777,6 @@ def test_kill_while_the_fused_statement_waits_then_rerun(pg_available: str, tmp_
         assert rerun.returncode == 0, rerun.stderr
         assert rerun.stdout.strip() == "True"
         assert route.counts() == (3 * SMALL, 3 * SMALL)
-        journal = route.journal()
-        try:
-            entries = journal.list_entries()
-            assert len(entries) == 3
-            for entry in entries:
-                assert entry.state is CommitState.COMPLETE
-                assert check_history(journal.history(entry.operation_id)) == []
-                problems = ledger_problems(
-                    journal, operation_id=entry.operation_id, journal_epoch=entry.lease_epoch
-                )
-                assert problems == [], problems
-        finally:
-            journal.close()
+        route.assert_all_complete(3)
     finally:
         _drop(pg_available, schema)

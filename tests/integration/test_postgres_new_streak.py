@@ -215,8 +215,9 @@ def test_a_retry_after_new_ones_sends_the_insert_ahead_and_reports_no_rows(
 def test_a_failure_after_the_insert_is_the_new_operations_own(
     atomic: Workload, tmp_path: Path, pg_available: str, pg_schema: str
 ) -> None:
-    """Its INSERT succeeded, so the operation is new: recorded FAILED_PRE_COMMIT, its run
-    FAILED, nothing written, as after a lookup."""
+    """A row the target rejects: the operation is new (the queued INSERT was seen to
+    succeed, or the fused statement's unread try looked it up), so it is recorded
+    FAILED_PRE_COMMIT, its run FAILED, nothing of it written."""
     _csv(tmp_path / "p2.csv", first=20, bad=True)
     with Runner(atomic) as runner:
         runner.run(interval=INTERVAL, partition="1")

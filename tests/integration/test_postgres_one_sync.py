@@ -676,3 +676,52 @@ def test_a_fused_write_whose_row_cannot_be_read_is_unconfirmed_not_failed(
     assert entry is not None
     assert entry.state.value == "COMPLETE"
     assert target.ids() == [-1, 0, 1]
+
+
+def test_a_fused_statement_writes_its_rows_only_past_the_operation_lock(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """Another writer holds the operation's lock and writes a row under a key the fused
+    statement also writes: it never waits (the fused rows are not written yet, else it
+    would wait on them while they wait on its lock: a deadlock), commits, and the fused
+    statement then meets that key: the connector's error, nothing of it written."""
+    from dpone.adapters.connectors.postgres import _operation_key
+
+    target.query("CREATE UNIQUE INDEX ON items (id)")
+    op, intent = _op()
+    done: list[BaseException | None] = []
+
+    def fused() -> None:
+        try:
+            target.mutate(op, intent, [(7, "a")], within=_fused_within(journal, op, intent))
+            done.append(None)
+        except BaseException as exc:  # handed to the test
+            done.append(exc)
+
+    with psycopg.connect(target.dsn) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (_operation_key(op),))
+        writer = threading.Thread(target=fused)
+        writer.start()
+        wait_until(
+            "the fused statement to wait for the operation's lock",
+            lambda: bool(
+                target.query(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND wait_event = 'advisory'"
+                )
+            ),
+        )
+        holder.execute("SET lock_timeout = '2s'")  # rows written early would fail this
+        holder.execute(
+            sql.SQL("INSERT INTO {} (id, name) VALUES (7, 'holder')").format(
+                sql.Identifier(target.schema, "items")
+            )
+        )
+        holder.commit()
+    writer.join(30)
+    assert len(done) == 1
+    assert isinstance(done[0], TargetWriteFailed), done
+    assert target.ids() == [-1, 0, 7]
+    assert target.query("SELECT name FROM items WHERE id = 7") == [("holder",)]
+    assert journal.get(op) is None
+    assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
