@@ -439,6 +439,19 @@ def _fused_within(journal: PostgresCommitJournal, op: str, intent: str) -> Queue
     return QueuedWithin(queued.queue, fuse=lambda txn: journal.fuse_complete_within(txn, **fields))
 
 
+def _waits_for_advisory(target: Target) -> bool:
+    """True once the connector's own session waits for an advisory lock (the gate)."""
+    conn = target.connector._conn
+    assert conn is not None
+    return bool(
+        target.query(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock' "
+            "AND wait_event = 'advisory'",
+            (conn.info.backend_pid,),
+        )
+    )
+
+
 def _messages(trace_text: str, kind: str) -> int:
     return sum(1 for line in trace_text.splitlines() if "\tF\t" in line and f"\t{kind}" in line)
 
@@ -537,12 +550,7 @@ def test_a_fused_statement_takes_the_operation_lock_before_any_write(
         writer.start()
         wait_until(
             "the fused statement to wait for the operation's lock",
-            lambda: bool(
-                target.query(
-                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND wait_event = 'advisory'"
-                )
-            ),
+            lambda: _waits_for_advisory(target),
         )
         holder.execute("SET lock_timeout = '2s'")  # a deadlock would fail here, not hang
         holder.execute(
@@ -704,12 +712,7 @@ def test_a_fused_statement_writes_its_rows_only_past_the_operation_lock(
         writer.start()
         wait_until(
             "the fused statement to wait for the operation's lock",
-            lambda: bool(
-                target.query(
-                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND wait_event = 'advisory'"
-                )
-            ),
+            lambda: _waits_for_advisory(target),
         )
         holder.execute("SET lock_timeout = '2s'")  # rows written early would fail this
         holder.execute(
@@ -725,3 +728,36 @@ def test_a_fused_statement_writes_its_rows_only_past_the_operation_lock(
     assert target.query("SELECT name FROM items WHERE id = 7") == [("holder",)]
     assert journal.get(op) is None
     assert target.connector.observe(operation_id=op).status is FenceStatus.ABSENT
+
+
+def test_a_fused_statement_timing_out_on_the_gate_waits_once_and_is_fence_unavailable(
+    pg_available: str, pg_schema: str
+) -> None:
+    """A lock wait past ``lock_timeout_s`` names no table, yet it is no one's statement:
+    FenceUnavailable after ONE wait (never written again to wait twice), nothing written."""
+    import time
+
+    from dpone.adapters.connectors.postgres import _operation_key
+
+    target = Target(pg_available, pg_schema)
+    target.connector.close()
+    target.connector = PostgresConnector(
+        pg_available, table=f"{pg_schema}.items", fence_schema=pg_schema, lock_timeout_s=0.5
+    )
+    journal = PostgresCommitJournal(pg_available, schema=pg_schema)
+    try:
+        target.mutate(*_op(), [(0, "warm")])
+        target.mutate(*_op(), [(-1, "warm")])
+        op, intent = _op()
+        with psycopg.connect(pg_available) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_operation_key(op),))
+            started = time.monotonic()
+            with pytest.raises(FenceUnavailable):
+                target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+            waited = time.monotonic() - started
+        assert 0.5 <= waited < 0.95, waited  # one lock_timeout, not two
+        assert target.ids() == [-1, 0]
+        assert journal.get(op) is None
+    finally:
+        journal.close()
+        target.connector.close()

@@ -41,3 +41,13 @@ def test_the_journal_s_fused_births_wait_for_the_gate_in_every_write() -> None:
         # every INSERT but the history's (which reads ``created``) and the attempt's
         # (which reads ``run``) is conditional on the gate
         assert gated == inserts - 1 - ("dpone_run_attempts" in text)
+
+
+def test_the_fused_run_variant_writes_the_entry_only_after_the_run() -> None:
+    """The entry's INSERT reads ``run`` (ADR 0022 rule 4): the run's INSERT, and a run key
+    already taken, come before the rows'."""
+    journal = PostgresCommitJournal("postgresql://127.0.0.1:1/x", schema="s")  # no I/O
+    with_run = [c.decode() for c, _ in journal._fusions.values() if b"dpone_runs" in c]
+    assert len(with_run) == 1
+    created = with_run[0].split("created AS (", 1)[1].split("RETURNING", 1)[0]
+    assert "EXISTS (SELECT 1 FROM run) AND EXISTS (SELECT 1 FROM gate)" in created
