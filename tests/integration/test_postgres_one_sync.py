@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import count
 from typing import Any
 
@@ -425,9 +425,9 @@ def test_a_pipeline_ends_quietly_before_its_statement_error_is_raised(
 # ------------------------------------------------ fused: one autocommit statement (ADR 0022)
 
 
-def _fused_within(journal: PostgresCommitJournal, op: str, intent: str) -> QueuedWithin:
-    """``_journal_within`` that also offers the entry's INSERT as a ``Fused`` part."""
-    fields: dict[str, Any] = {
+def _entry_fields(op: str, intent: str) -> dict[str, Any]:
+    """An atomic entry born COMPLETE, as the fused and queued writers take it."""
+    return {
         "operation_id": op,
         "intent_digest": intent,
         "metadata": {},
@@ -435,6 +435,11 @@ def _fused_within(journal: PostgresCommitJournal, op: str, intent: str) -> Queue
         "result": {"rows_written": 1},
         "evidence": {"mode": "atomic"},
     }
+
+
+def _fused_within(journal: PostgresCommitJournal, op: str, intent: str) -> QueuedWithin:
+    """``_journal_within`` that also offers the entry's INSERT as a ``Fused`` part."""
+    fields = _entry_fields(op, intent)
     queued = _journal_within(journal, op, intent)
     return QueuedWithin(queued.queue, fuse=lambda txn: journal.fuse_complete_within(txn, **fields))
 
@@ -526,20 +531,23 @@ def test_a_fused_statement_meeting_a_committed_fence_row_is_refused_with_no_entr
     assert journal.get(op) is None
 
 
-def test_a_fused_statement_takes_the_operation_lock_before_any_write(
-    target: Target, journal: PostgresCommitJournal
-) -> None:
-    """Another writer holds the operation's lock: the fused statement waits for it before
-    writing its fence row (else that writer's own fence INSERT would wait on ours and
-    deadlock), then meets the row that writer committed and is refused."""
-    from dpone.adapters.connectors.postgres import FENCE_TABLE, _operation_key
+def _fused_behind_the_lock(
+    target: Target,
+    journal: PostgresCommitJournal,
+    rows: list[tuple[object, ...]],
+    then: Callable[[psycopg.Connection[Any], str, str], None],
+) -> tuple[str, BaseException | None]:
+    """Hold a new operation's lock, start its fused write, wait until that write waits
+    for the lock, run ``then(holder, op, intent)`` (a deadlock fails it within 2 s, never
+    hangs), commit; return the operation and what the write raised (None: it wrote)."""
+    from dpone.adapters.connectors.postgres import _operation_key
 
     op, intent = _op()
     done: list[BaseException | None] = []
 
     def fused() -> None:
         try:
-            target.mutate(op, intent, [(1, "a")], within=_fused_within(journal, op, intent))
+            target.mutate(op, intent, rows, within=_fused_within(journal, op, intent))
             done.append(None)
         except BaseException as exc:  # handed to the test
             done.append(exc)
@@ -552,7 +560,23 @@ def test_a_fused_statement_takes_the_operation_lock_before_any_write(
             "the fused statement to wait for the operation's lock",
             lambda: _waits_for_advisory(target),
         )
-        holder.execute("SET lock_timeout = '2s'")  # a deadlock would fail here, not hang
+        holder.execute("SET lock_timeout = '2s'")
+        then(holder, op, intent)
+        holder.commit()
+    writer.join(30)
+    assert len(done) == 1
+    return op, done[0]
+
+
+def test_a_fused_statement_takes_the_operation_lock_before_any_write(
+    target: Target, journal: PostgresCommitJournal
+) -> None:
+    """Another writer holds the operation's lock: the fused statement waits for it before
+    writing its fence row (else that writer's own fence INSERT would wait on ours and
+    deadlock), then meets the row that writer committed and is refused."""
+    from dpone.adapters.connectors.postgres import FENCE_TABLE
+
+    def commit_the_fence_row(holder: psycopg.Connection[Any], op: str, intent: str) -> None:
         holder.execute(
             sql.SQL(
                 "INSERT INTO {} (operation_id, intent_digest, epoch, state, row_count, "
@@ -560,10 +584,9 @@ def test_a_fused_statement_takes_the_operation_lock_before_any_write(
             ).format(sql.Identifier(target.schema, FENCE_TABLE)),
             (op, intent, "sha256:" + "d" * 64),
         )
-        holder.commit()
-    writer.join(30)
-    assert len(done) == 1
-    assert isinstance(done[0], FencedOut), done
+
+    op, raised = _fused_behind_the_lock(target, journal, [(1, "a")], commit_the_fence_row)
+    assert isinstance(raised, FencedOut), raised
     assert target.ids() == [-1, 0]
     assert journal.get(op) is None
 
@@ -606,14 +629,7 @@ def _fused_run_within(
     journal: PostgresCommitJournal, start: RunStart, op: str, intent: str
 ) -> QueuedWithin:
     """The atomic first attempt of a new run: entry, run and attempt 1, queued or fused."""
-    fields: dict[str, Any] = {
-        "operation_id": op,
-        "intent_digest": intent,
-        "metadata": {},
-        "actor": "tester",
-        "result": {"rows_written": 1},
-        "evidence": {"mode": "atomic"},
-    }
+    fields = _entry_fields(op, intent)
     queued = journal.queue_complete_run_entry_writer(start, owner="tester")
     fused = journal.fuse_complete_run_entry_writer(start, owner="tester")
 
@@ -693,37 +709,18 @@ def test_a_fused_statement_writes_its_rows_only_past_the_operation_lock(
     statement also writes: it never waits (the fused rows are not written yet, else it
     would wait on them while they wait on its lock: a deadlock), commits, and the fused
     statement then meets that key: the connector's error, nothing of it written."""
-    from dpone.adapters.connectors.postgres import _operation_key
-
     target.query("CREATE UNIQUE INDEX ON items (id)")
-    op, intent = _op()
-    done: list[BaseException | None] = []
 
-    def fused() -> None:
-        try:
-            target.mutate(op, intent, [(7, "a")], within=_fused_within(journal, op, intent))
-            done.append(None)
-        except BaseException as exc:  # handed to the test
-            done.append(exc)
-
-    with psycopg.connect(target.dsn) as holder:
-        holder.execute("SELECT pg_advisory_xact_lock(%s)", (_operation_key(op),))
-        writer = threading.Thread(target=fused)
-        writer.start()
-        wait_until(
-            "the fused statement to wait for the operation's lock",
-            lambda: _waits_for_advisory(target),
-        )
-        holder.execute("SET lock_timeout = '2s'")  # rows written early would fail this
+    def write_the_key(holder: psycopg.Connection[Any], op: str, intent: str) -> None:
+        # rows written before the lock would make this wait on them: lock_timeout
         holder.execute(
             sql.SQL("INSERT INTO {} (id, name) VALUES (7, 'holder')").format(
                 sql.Identifier(target.schema, "items")
             )
         )
-        holder.commit()
-    writer.join(30)
-    assert len(done) == 1
-    assert isinstance(done[0], TargetWriteFailed), done
+
+    op, raised = _fused_behind_the_lock(target, journal, [(7, "a")], write_the_key)
+    assert isinstance(raised, TargetWriteFailed), raised
     assert target.ids() == [-1, 0, 7]
     assert target.query("SELECT name FROM items WHERE id = 7") == [("holder",)]
     assert journal.get(op) is None

@@ -21,7 +21,13 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.numeric import Int8
 
-from dpone.adapters._pg import describe, pg_locator, pipeline_quietly, translate
+from dpone.adapters._pg import (
+    describe,
+    is_unavailable,
+    pg_locator,
+    pipeline_quietly,
+    translate,
+)
 from dpone.adapters.connectors._audit import audit_staged
 from dpone.contracts.fence import (
     FenceCapability,
@@ -866,25 +872,13 @@ def _unconfirmed(operation_id: str) -> FenceUnavailable:
     )
 
 
-#: SQLSTATEs of a wait that ended (a lock or statement timeout, a deadlock or serialization
-#: failure) and classes of a connection or resource failure: never anyone's statement in
-#: particular, and writing again would only wait again (``_small_fused``)
-_WAITS = frozenset({"55P03", "57014", "40P01", "40001"})
-_WAIT_CLASSES = frozenset({"08", "53", "57"})
-
-
-def _waited(exc: psycopg.Error) -> bool:
-    """True for an error a wait or the server's state raised, not one statement's content."""
-    state = exc.sqlstate or ""
-    return state in _WAITS or state[:2] in _WAIT_CLASSES
-
-
 class _Unclaimed(Exception):
     """The fused statement failed with an error that names no table (ADR 0022).
 
-    A trigger's RAISE, a privilege or a value's type (never a wait: ``_waited``): not the
-    fused part's by its tables, nor the fence row's, nor certainly the rows'. The statement
-    rolled back whole, so the pipelined path runs the same writes again, where the statement
+    A trigger's RAISE, a privilege or a value's type, never a wait or a lost server
+    (``is_unavailable``: writing again would only wait again): not the fused part's by its
+    tables, nor the fence row's, nor certainly the rows'. The statement rolled back whole,
+    so the pipelined path runs the same writes again, where the statement
     order attributes the error (``_small_at_once``).
     """
 
@@ -1628,7 +1622,7 @@ class PostgresConnector:
                 part.collect(None, exc)  # raises its own error when one of its tables failed
                 if self._is_fence_row(exc):
                     raise _FenceRowExists from exc
-                if exc.diag.table_name is None and not _waited(exc):
+                if exc.diag.table_name is None and not is_unavailable(exc):
                     raise _Unclaimed from exc
                 raise  # the rows', or a wait's (a lock or statement timeout: never twice)
             # The statement succeeded: it committed what it wrote. Its row (two one-row
