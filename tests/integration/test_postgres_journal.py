@@ -1349,3 +1349,105 @@ def test_a_run_at_another_attempt_is_not_ended_by_the_complete(
     assert (done.state, ended) == (S.COMPLETE, False)
     assert _ledger_shape(journal, start.run_id) == before
     assert before[:2] == (RunState.RUNNING, 2)
+
+
+def _stored_history(admin: psycopg.Connection[Any], schema: str, operation_id: str) -> list[Any]:
+    return admin.execute(
+        f"SELECT version, seq, from_state, to_state, kind, actor, lease_epoch, evidence::text "
+        f'FROM "{schema}".dpone_transitions WHERE operation_id = %s ORDER BY version, seq',
+        (operation_id,),
+    ).fetchall()
+
+
+@pytest.mark.parametrize("state", [S.COMPLETE, S.COMMITTING])
+def test_a_birth_is_stored_as_one_history_row_and_read_as_its_steps(
+    journal: PostgresCommitJournal,
+    admin: psycopg.Connection[Any],
+    pg_available: str,
+    pg_schema: str,
+    state: S,
+) -> None:
+    """ADR 0023: one stored row of kind 'born'; history() returns the create, lease and
+    fold rows (6 born COMPLETE, 4 born COMMITTING), the rows the unfolded path writes."""
+    op = new_operation_id()
+    if state is S.COMPLETE:
+        with psycopg.connect(pg_available, autocommit=True) as target, target.transaction():
+            born = _born_complete(journal, target, op)
+        evidence = {"mode": "atomic"}
+    else:
+        evidence = {"fence_epoch": 1}
+        born = journal.create_committing(
+            operation_id=op,
+            intent_digest=DIGEST,
+            metadata={"workload_id": "orders"},
+            actor=OWNER_A,
+            lease_ttl_seconds=30,
+            evidence=evidence,
+        )
+    assert _stored_history(admin, pg_schema, op) == [
+        (1, 0, None, state.value, _rules.BORN_KIND, OWNER_A, 1, json.dumps(evidence))
+    ]
+    history = journal.history(op)
+    assert [(t.version, t.seq, t.from_state, t.to_state, t.kind) for t in history] == [
+        (1, 0, None, S.PREPARING, "create"),
+        (1, 1, S.PREPARING, S.PREPARING, "lease"),
+        *[
+            (2, seq, frm, to, "fold")
+            for seq, (frm, to) in enumerate(
+                [(S.PREPARING, S.PREPARED), (S.PREPARED, S.COMMITTING)]
+                + (
+                    [(S.COMMITTING, S.TARGET_COMMITTED), (S.TARGET_COMMITTED, S.COMPLETE)]
+                    if state is S.COMPLETE
+                    else []
+                )
+            )
+        ],
+    ]
+    assert {t.actor for t in history} == {OWNER_A}
+    assert {t.lease_epoch for t in history} == {1}
+    assert {t.at for t in history} == {born.created_at}
+    assert [dict(t.evidence) for t in history] == [
+        {},
+        {"owner": OWNER_A, "lease_epoch": 1},
+        *[evidence] * (len(history) - 2),
+    ]
+
+
+def test_history_stored_a_row_per_step_reads_as_it_was(
+    journal: PostgresCommitJournal, admin: psycopg.Connection[Any], pg_schema: str
+) -> None:
+    """A birth written before ADR 0023 (schema 5: a row per step) reads unchanged."""
+    op = new_operation_id()
+    at = journal.now()
+    steps = _rules.born_rows(
+        operation_id=op,
+        state=S.COMPLETE,
+        actor=OWNER_A,
+        lease_epoch=1,
+        evidence=_rules.safe_values({"mode": "atomic"}),
+        at=at,
+    )
+    for t in steps:
+        admin.execute(
+            f'INSERT INTO "{pg_schema}".dpone_transitions (operation_id, version, seq, '
+            "from_state, to_state, kind, actor, lease_epoch, evidence, at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, to_timestamp(%s))",
+            (
+                op,
+                t.version,
+                t.seq,
+                None if t.from_state is None else t.from_state.value,
+                t.to_state.value,
+                t.kind,
+                t.actor,
+                t.lease_epoch,
+                json.dumps(dict(t.evidence)),
+                t.at,
+            ),
+        )
+    assert len(_stored_history(admin, pg_schema, op)) == 6
+    read = journal.history(op)
+    assert [(t.version, t.seq, t.kind, dict(t.evidence)) for t in read] == [
+        (t.version, t.seq, t.kind, dict(t.evidence)) for t in steps
+    ]
+    assert [t.at for t in read] == pytest.approx([at] * 6, abs=1e-5)

@@ -33,7 +33,9 @@ from dpone.errors import (
 
 __all__ = [
     "AUDIT_OUTCOMES",
+    "BORN_KIND",
     "audit_record",
+    "born_rows",
     "check_identity",
     "check_move",
     "check_ttl",
@@ -285,6 +287,66 @@ def lease_row(entry: JournalEntry, *, seq: int = 0) -> Transition:
         lease_epoch=entry.lease_epoch,
         evidence=safe_values({"owner": owner, "lease_epoch": entry.lease_epoch}),
         at=entry.updated_at,
+    )
+
+
+#: The history kind of ONE stored row standing for an entry's whole birth past PREPARING
+#: (ADR 0023). Never returned by ``history()``: it reads as ``born_rows``.
+BORN_KIND = "born"
+
+
+def born_rows(
+    *,
+    operation_id: str,
+    state: CommitState,
+    actor: str,
+    lease_epoch: int,
+    evidence: SafeMapping,
+    at: float,
+) -> tuple[Transition, ...]:
+    """The history of an entry born in ``state`` with its lease at ``lease_epoch``.
+
+    What the unfolded path writes for the same birth, in one commit: ``create`` and
+    ``lease`` at version 1, then the fold PREPARING -> ``state`` at version 2 with
+    ``evidence``; every row by ``actor`` at ``at``. A journal may store these rows as one
+    row of kind ``BORN_KIND`` and expand it with this function when history is read.
+    """
+    lease: SafeMapping = MappingProxyType({"owner": actor, "lease_epoch": lease_epoch})
+    return (
+        Transition(
+            operation_id=operation_id,
+            version=1,
+            seq=0,
+            from_state=None,
+            to_state=CommitState.PREPARING,
+            kind="create",
+            actor=actor,
+            lease_epoch=lease_epoch,
+            evidence=MappingProxyType({}),
+            at=at,
+        ),
+        Transition(
+            operation_id=operation_id,
+            version=1,
+            seq=1,
+            from_state=CommitState.PREPARING,
+            to_state=CommitState.PREPARING,
+            kind="lease",
+            actor=actor,
+            lease_epoch=lease_epoch,
+            evidence=lease,
+            at=at,
+        ),
+        *transition_rows(
+            operation_id=operation_id,
+            from_state=CommitState.PREPARING,
+            to_state=state,
+            version=2,
+            actor=actor,
+            lease_epoch=lease_epoch,
+            evidence=evidence,
+            at=at,
+        ),
     )
 
 

@@ -80,7 +80,6 @@ _SESSION_SETTINGS = (
 )
 _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
-_FROM_PREPARING = frozenset({CommitState.PREPARING})
 #: The oldest schema a read-only open reads as it is (it never migrates): version 4 only
 #: adds the delivery bindings table (_MIGRATIONS), whose absence reads as "binds nothing",
 #: and version 5 only swaps two foreign keys for triggers (nothing a read sees).
@@ -221,6 +220,14 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ON {s}.dpone_runs FOR EACH ROW EXECUTE FUNCTION {s}.dpone_refuse_removal()",
         "CREATE TRIGGER dpone_runs_no_truncate BEFORE TRUNCATE "
         "ON {s}.dpone_runs FOR EACH STATEMENT EXECUTE FUNCTION {s}.dpone_refuse_removal()",
+    ),
+    # an entry born past PREPARING keeps its birth as ONE history row of kind 'born' (ADR
+    # 0023). No table changes; the version makes an older dpone, which would read that
+    # row as it is, refuse this schema instead.
+    (
+        "COMMENT ON COLUMN {s}.dpone_transitions.kind IS "
+        "'create, lease, transition or fold; born: one row for a birth past PREPARING, "
+        "read as its create, lease and fold rows (ADR 0023)'",
     ),
 )
 #: The schema version this code writes and reads.
@@ -469,59 +476,6 @@ class _Statements(msgspec.Struct, frozen=True):
 
 
 @cache
-def _born_steps(state: CommitState) -> tuple[tuple[int, int, str | None, str, str], ...]:
-    """(version, seq, from, to, kind) of an entry born in ``state``, from the shared rules.
-
-    ``create`` and ``lease`` at version 1 (``_rules.create_row``, ``_rules.lease_row``),
-    then the fold PREPARING -> ``state`` at version 2 (``_rules.transition_rows``): the
-    rows the unfolded path writes. Built once; actor and evidence are filled per entry.
-    """
-    _rules.check_move(
-        operation_id="born",
-        expected_states=_FROM_PREPARING,
-        next_state=state,
-        atomic=state is CommitState.COMPLETE,
-        audited=False,
-    )
-    born = JournalEntry(
-        operation_id="born",
-        intent_digest="-",
-        state=CommitState.PREPARING,
-        version=1,
-        lease_owner="-",
-        lease_epoch=1,
-        lease_expires_at=None,
-        metadata=MappingProxyType({}),
-        result=None,
-        created_at=0.0,
-        updated_at=0.0,
-    )
-    rows = (
-        _rules.create_row(born, actor="-"),
-        _rules.lease_row(born, seq=1),
-        *_rules.transition_rows(
-            operation_id=born.operation_id,
-            from_state=CommitState.PREPARING,
-            to_state=state,
-            version=2,
-            actor="-",
-            lease_epoch=1,
-            evidence=MappingProxyType({}),
-            at=0.0,
-        ),
-    )
-    return tuple(
-        (
-            t.version,
-            t.seq,
-            None if t.from_state is None else t.from_state.value,
-            t.to_state.value,
-            t.kind,
-        )
-        for t in rows
-    )
-
-
 def _born_statement(
     j: str,
     t: str,
@@ -533,10 +487,10 @@ def _born_statement(
 ) -> str:
     """INSERT an entry born in ``state`` with its history, in ONE statement (ADR 0003).
 
-    The history rows are the constant ``_born_steps(state)``, written into the statement
-    as a VALUES list (not sent with every entry); per entry only the actor and the fold's
-    evidence vary. ``create`` has empty evidence and ``lease`` the owner and epoch, as
-    ``_rules.create_row`` and ``_rules.lease_row`` write them. Born COMPLETE the lease
+    The history is ONE row of kind ``_rules.BORN_KIND`` (ADR 0023): ``history()`` reads it
+    as ``_rules.born_rows``, the create, lease and fold rows the unfolded path writes,
+    which all follow from the state, the actor, the epoch and the fold's evidence that
+    the row keeps. Born COMPLETE the lease
     has ended (no owner, expired at birth); born COMMITTING it is the actor's for
     ``ttl`` seconds. ``run_ctes`` (``_ledger_sql.first_attempt_ctes``) come first: the
     run and its attempt 1 commit with the entry or not at all (ADR 0011).
@@ -568,13 +522,6 @@ def _born_ctes(
     ``gated``: the entry's INSERT waits for the host statement's one-row CTE ``gate``
     (``Fused``, ADR 0022); ``run_ctes`` are then gated by their caller.
     """
-    kinds = {"create": "'{}'::jsonb", "lease": _LEASE_EVIDENCE, "fold": "%(evidence)s::jsonb"}
-    steps = _born_steps(state)
-    values = ", ".join(
-        f"({version}, {seq}, {_literal(frm)}::text, {_literal(to)}, {_literal(kind)}, "
-        f"{kinds[kind]})"
-        for version, seq, frm, to, kind in steps
-    )
     if state is CommitState.COMPLETE:
         owner, ttl, result = "NULL::text", "0", "%(result)s::jsonb"
     else:
@@ -595,19 +542,17 @@ def _born_ctes(
             FROM (SELECT clock_timestamp() AS now) AS clock{guard}
             RETURNING *
         ), history AS (
+            -- ONE row for the whole birth (ADR 0023): history() reads it as
+            -- _rules.born_rows, the rows the unfolded path writes
             INSERT INTO {t} ({_TRANSITION_INSERT})
-            SELECT c.operation_id, step.version, step.seq, step.from_state, step.to_state,
-                   step.kind, %(actor)s, c.lease_epoch, step.evidence, c.created_at
+            SELECT c.operation_id, 1, 0, NULL, c.state, {_literal(_rules.BORN_KIND)}, %(actor)s,
+                   c.lease_epoch, %(evidence)s::jsonb, c.created_at
             FROM created AS c
-            CROSS JOIN (VALUES {values})
-                 AS step(version, seq, from_state, to_state, kind, evidence)
         )"""
 
 
 #: The version an entry is born with past PREPARING: create and lease at 1, the fold at 2.
 _BORN_VERSION = 2
-#: ``_rules.lease_row``'s evidence for the lease granted at birth (epoch 1).
-_LEASE_EVIDENCE = "jsonb_build_object('owner', %(actor)s::text, 'lease_epoch', 1)"
 
 
 def _literal(text: str | None) -> str:
@@ -926,7 +871,7 @@ class PostgresCommitJournal:
             lambda conn: conn.execute(self._sql.history, (operation_id,)).fetchall(),
             repeatable=True,
         )
-        return [_transition(row) for row in rows]
+        return [step for row in rows for step in _transitions(row)]
 
     def audit_log(self, operation_id: str | None = None) -> list[AuditRecord]:
         """Return audit records in order, for one operation or all."""
@@ -2909,6 +2854,20 @@ class PostgresCommitJournal:
 
 
 # ---------------------------------------------------------------------- helpers
+def _transitions(row: tuple[Any, ...]) -> tuple[Transition, ...]:
+    """The history a stored row stands for: itself, or a whole birth (ADR 0023)."""
+    if row[5] != _rules.BORN_KIND:
+        return (_transition(row),)
+    return _rules.born_rows(
+        operation_id=row[0],
+        state=CommitState(row[4]),
+        actor=row[6],
+        lease_epoch=int(row[7]),
+        evidence=_rules.decode_mapping(row[8]),
+        at=float(row[9]),
+    )
+
+
 def _pg_now(cur: psycopg.Cursor[Any]) -> float:
     row = cur.execute("SELECT extract(epoch FROM now())::float8").fetchone()
     return float(row[0]) if row is not None else 0.0
