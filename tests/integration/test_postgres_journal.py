@@ -327,6 +327,46 @@ def test_a_version_4_schema_trades_its_foreign_keys_for_triggers(
         admin.execute(f'DELETE FROM "{pg_schema}".dpone_journal')
 
 
+def test_version_6_marks_born_rows_and_an_older_dpone_refuses_it(
+    pg_available: str,
+    pg_schema: str,
+    admin: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Migration 6 (ADR 0023) changes no table; after it, a dpone that would read a 'born'
+    history row as it is (schema 5) refuses the schema instead."""
+    from dpone.adapters.journal import postgres as pg_journal
+
+    def columns() -> list[tuple[str, str]]:
+        rows = admin.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = %s ORDER BY 1, 2",
+            (pg_schema,),
+        )
+        return rows.fetchall()
+
+    monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", 5)
+    with PostgresCommitJournal(pg_available, schema=pg_schema) as old:
+        assert old.migrate() == [1, 2, 3, 4, 5]
+    before = columns()
+    monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", 6)
+    with PostgresCommitJournal(pg_available, schema=pg_schema) as new:
+        assert new.migrate() == [6]
+    assert columns() == before
+    [(comment,)] = admin.execute(
+        "SELECT col_description(%s::regclass, "
+        "(SELECT attnum FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'kind'))",
+        (f'"{pg_schema}".dpone_transitions', f'"{pg_schema}".dpone_transitions'),
+    ).fetchall()
+    assert "born" in comment
+    monkeypatch.setattr(pg_journal, "SCHEMA_VERSION", 5)
+    with (
+        PostgresCommitJournal(pg_available, schema=pg_schema) as old,
+        pytest.raises(ConfigInvalid, match="newer than this dpone supports"),
+    ):
+        old.get(new_operation_id())
+
+
 # ---------------------------------------------------------------------- atomic mode
 def test_within_commits_with_the_foreign_transaction(
     journal: PostgresCommitJournal, pg_available: str, pg_schema: str
