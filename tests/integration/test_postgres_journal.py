@@ -1456,38 +1456,54 @@ def test_a_birth_is_stored_as_one_history_row_and_read_as_its_steps(
 def test_history_stored_a_row_per_step_reads_as_it_was(
     journal: PostgresCommitJournal, admin: psycopg.Connection[Any], pg_schema: str
 ) -> None:
-    """A birth written before ADR 0023 (schema 5: a row per step) reads unchanged."""
+    """A birth written before ADR 0023 (schema 5: the six rows its SQL wrote, written here
+    by hand) reads unchanged, row for row, and as a stored 'born' row of it reads."""
     op = new_operation_id()
     at = journal.now()
-    steps = _rules.born_rows(
-        operation_id=op,
-        state=S.COMPLETE,
-        actor=OWNER_A,
-        lease_epoch=1,
-        evidence=_rules.safe_values({"mode": "atomic"}),
-        at=at,
-    )
-    for t in steps:
+    lease = json.dumps({"owner": OWNER_A, "lease_epoch": 1})
+    fold = json.dumps({"mode": "atomic"})
+    stored = [
+        (1, 0, None, "PREPARING", "create", "{}"),
+        (1, 1, "PREPARING", "PREPARING", "lease", lease),
+        (2, 0, "PREPARING", "PREPARED", "fold", fold),
+        (2, 1, "PREPARED", "COMMITTING", "fold", fold),
+        (2, 2, "COMMITTING", "TARGET_COMMITTED", "fold", fold),
+        (2, 3, "TARGET_COMMITTED", "COMPLETE", "fold", fold),
+    ]
+    for version, seq, frm, to, kind, evidence in stored:
         admin.execute(
             f'INSERT INTO "{pg_schema}".dpone_transitions (operation_id, version, seq, '
             "from_state, to_state, kind, actor, lease_epoch, evidence, at) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, to_timestamp(%s))",
-            (
-                op,
-                t.version,
-                t.seq,
-                None if t.from_state is None else t.from_state.value,
-                t.to_state.value,
-                t.kind,
-                t.actor,
-                t.lease_epoch,
-                json.dumps(dict(t.evidence)),
-                t.at,
-            ),
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, 1, %s::jsonb, to_timestamp(%s))",
+            (op, version, seq, frm, to, kind, OWNER_A, evidence, at),
         )
-    assert len(_stored_history(admin, pg_schema, op)) == 6
     read = journal.history(op)
-    assert [(t.version, t.seq, t.kind, dict(t.evidence)) for t in read] == [
-        (t.version, t.seq, t.kind, dict(t.evidence)) for t in steps
-    ]
+    assert [
+        (
+            t.operation_id,
+            t.version,
+            t.seq,
+            None if t.from_state is None else t.from_state.value,
+            t.to_state.value,
+            t.kind,
+            t.actor,
+            t.lease_epoch,
+            json.dumps(dict(t.evidence)),
+        )
+        for t in read
+    ] == [(op, v, q, f, t, k, OWNER_A, 1, e) for v, q, f, t, k, e in stored]
     assert [t.at for t in read] == pytest.approx([at] * 6, abs=1e-5)
+    # the same birth as ONE stored row reads as the same rows
+    other = new_operation_id()
+    admin.execute(
+        f'INSERT INTO "{pg_schema}".dpone_transitions (operation_id, version, seq, '
+        "from_state, to_state, kind, actor, lease_epoch, evidence, at) "
+        "VALUES (%s, 1, 0, NULL, 'COMPLETE', 'born', %s, 1, %s::jsonb, to_timestamp(%s))",
+        (other, OWNER_A, fold, at),
+    )
+    born = journal.history(other)
+    assert [(t.version, t.seq, t.from_state, t.to_state, t.kind) for t in born] == [
+        (t.version, t.seq, t.from_state, t.to_state, t.kind) for t in read
+    ]
+    assert [dict(t.evidence) for t in born] == [dict(t.evidence) for t in read]
+    assert [(t.actor, t.lease_epoch) for t in born] == [(t.actor, t.lease_epoch) for t in read]

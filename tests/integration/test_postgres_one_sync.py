@@ -487,6 +487,11 @@ def test_a_fused_first_attempt_is_one_statement_with_no_begin_or_commit(
     assert entry is not None
     assert entry.state.value == "COMPLETE"
     assert [t.to_state.value for t in journal.history(op)][-1] == "COMPLETE"
+    assert len(journal.history(op)) == 6
+    # its history is ONE stored row (ADR 0023)
+    assert target.query(
+        f'SELECT kind FROM "{journal.schema}".dpone_transitions WHERE operation_id = %s', (op,)
+    ) == [("born",)]
     assert target.ids() == [-1, 0, 1, 2]
 
 

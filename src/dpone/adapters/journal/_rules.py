@@ -34,6 +34,7 @@ from dpone.errors import (
 __all__ = [
     "AUDIT_OUTCOMES",
     "BORN_KIND",
+    "BORN_PATHS",
     "audit_record",
     "born_rows",
     "check_identity",
@@ -293,6 +294,25 @@ def lease_row(entry: JournalEntry, *, seq: int = 0) -> Transition:
 #: The history kind of ONE stored row standing for an entry's whole birth past PREPARING
 #: (ADR 0023). Never returned by ``history()``: it reads as ``born_rows``.
 BORN_KIND = "born"
+#: The states a ``born`` row's fold passes through, frozen as they were when the kind was
+#: introduced: a stored row must read the same forever, whatever later changes
+#: ``FOLD_PATHS``. A birth along another path needs a new kind (unit tests pin both).
+BORN_PATHS: Mapping[CommitState, tuple[CommitState, ...]] = MappingProxyType(
+    {
+        CommitState.COMMITTING: (
+            CommitState.PREPARING,
+            CommitState.PREPARED,
+            CommitState.COMMITTING,
+        ),
+        CommitState.COMPLETE: (
+            CommitState.PREPARING,
+            CommitState.PREPARED,
+            CommitState.COMMITTING,
+            CommitState.TARGET_COMMITTED,
+            CommitState.COMPLETE,
+        ),
+    }
+)
 
 
 def born_rows(
@@ -307,12 +327,18 @@ def born_rows(
     """The history of an entry born in ``state`` with its lease at ``lease_epoch``.
 
     What the unfolded path writes for the same birth, in one commit: ``create`` and
-    ``lease`` at version 1, then the fold PREPARING -> ``state`` at version 2 with
-    ``evidence``; every row by ``actor`` at ``at``. A journal may store these rows as one
-    row of kind ``BORN_KIND`` and expand it with this function when history is read.
+    ``lease`` at version 1, then one ``fold`` row per step of ``BORN_PATHS[state]`` at
+    version 2 with ``evidence``; every row by ``actor`` at ``at``. A journal may store
+    these rows as one row of kind ``BORN_KIND`` and expand it here when history is read.
+
+    Raises:
+        ValueError: no entry is born in ``state``.
     """
+    path = BORN_PATHS.get(state)
+    if path is None:
+        raise ValueError(f"no entry is born {state.value}: not a {BORN_KIND!r} history row")
     lease: SafeMapping = MappingProxyType({"owner": actor, "lease_epoch": lease_epoch})
-    return (
+    head = (
         Transition(
             operation_id=operation_id,
             version=1,
@@ -337,16 +363,21 @@ def born_rows(
             evidence=lease,
             at=at,
         ),
-        *transition_rows(
+    )
+    return head + tuple(
+        Transition(
             operation_id=operation_id,
-            from_state=CommitState.PREPARING,
-            to_state=state,
             version=2,
+            seq=seq,
+            from_state=frm,
+            to_state=to,
+            kind="fold",
             actor=actor,
             lease_epoch=lease_epoch,
             evidence=evidence,
             at=at,
-        ),
+        )
+        for seq, (frm, to) in enumerate(pairwise(path))
     )
 
 

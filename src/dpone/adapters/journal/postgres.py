@@ -82,7 +82,8 @@ _STATES_SQL = ", ".join(f"'{s.value}'" for s in CommitState)
 _ALL_STATES = sorted(s.value for s in CommitState)
 #: The oldest schema a read-only open reads as it is (it never migrates): version 4 only
 #: adds the delivery bindings table (_MIGRATIONS), whose absence reads as "binds nothing",
-#: and version 5 only swaps two foreign keys for triggers (nothing a read sees).
+#: version 5 only swaps two foreign keys for triggers (nothing a read sees), and version 6
+#: only adds a comment (a schema below 6 holds no 'born' history row, ADR 0023).
 _READ_ONLY_OLDEST = 3
 
 
