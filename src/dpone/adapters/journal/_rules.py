@@ -337,33 +337,21 @@ def born_rows(
     path = BORN_PATHS.get(state)
     if path is None:
         raise ValueError(f"no entry is born {state.value}: not a {BORN_KIND!r} history row")
-    lease: SafeMapping = MappingProxyType({"owner": actor, "lease_epoch": lease_epoch})
-    head = (
-        Transition(
-            operation_id=operation_id,
-            version=1,
-            seq=0,
-            from_state=None,
-            to_state=CommitState.PREPARING,
-            kind="create",
-            actor=actor,
-            lease_epoch=lease_epoch,
-            evidence=MappingProxyType({}),
-            at=at,
-        ),
-        Transition(
-            operation_id=operation_id,
-            version=1,
-            seq=1,
-            from_state=CommitState.PREPARING,
-            to_state=CommitState.PREPARING,
-            kind="lease",
-            actor=actor,
-            lease_epoch=lease_epoch,
-            evidence=lease,
-            at=at,
-        ),
+    # create and lease exactly as the unfolded path writes them, for the entry at version 1
+    leased = JournalEntry(
+        operation_id=operation_id,
+        intent_digest="-",
+        state=CommitState.PREPARING,
+        version=1,
+        lease_owner=actor,
+        lease_epoch=lease_epoch,
+        lease_expires_at=None,
+        metadata=MappingProxyType({}),
+        result=None,
+        created_at=at,
+        updated_at=at,
     )
+    head = (create_row(leased, actor=actor), lease_row(leased, seq=1))
     return head + tuple(
         Transition(
             operation_id=operation_id,
