@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -23,8 +24,10 @@ load: {strategy: append}
 """
 
 
-def certify(root: Path, target: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
-    (root / "w.yaml").write_text(BASE + f"target: {target}\n", encoding="utf-8")
+def certify(
+    root: Path, target: str, env: dict[str, str] | None = None, *, policy: str = ""
+) -> tuple[int, dict]:
+    (root / "w.yaml").write_text(BASE + policy + f"target: {target}\n", encoding="utf-8")
     proc = run_dpone(("certify", "w.yaml", "--json"), cwd=root, env=env, timeout=600)
     assert "Traceback" not in proc.stderr, proc.stderr
     report = json.loads(proc.stdout)
@@ -38,22 +41,6 @@ def certify(root: Path, target: str, env: dict[str, str] | None = None) -> tuple
 
 def statuses(report: dict) -> dict[str, str]:
     return {c["name"]: c["status"] for c in report["checks"]}
-
-
-def test_sqlite_route_is_verified(tmp_path: Path) -> None:
-    """Every check VERIFIED on SQLite, with figures, and the evidence holds no secret."""
-    code, report = certify(
-        tmp_path,
-        "{kind: sqlite, url_env: WH, table: orders}",
-        env={"WH": f"sqlite://u:{CANARY}@/wh.db"},
-    )
-    assert code == 0, report
-    assert report["verdict"] == "VERIFIED"
-    assert set(statuses(report).values()) == {"VERIFIED"}
-    crash = next(c for c in report["checks"] if c["name"] == "crash_matrix")
-    assert crash["figures"]["duplicates"] == 0
-    assert crash["figures"]["kills"] > 5
-    assert report["server_version"].startswith("SQLite")
 
 
 def test_postgres_route_is_verified(tmp_path: Path, pg_schema: str) -> None:
@@ -114,38 +101,55 @@ def test_capability_none_is_not_certifiable(tmp_path: Path) -> None:
     assert "cannot prove" in fence["detail"]
 
 
-POLICY = (
-    BASE + "require_certified: true\ntarget: {kind: sqlite, url: sqlite:///wh.db, table: orders}\n"
-)
+# The SQLite route, reached through a password-carrying URL (the password must appear
+# in no evidence or output) under the deployment policy require_certified.
+POLICY = "require_certified: true\n"
+SQLITE = "{kind: sqlite, url_env: WH, table: orders}"
 RUN = ("run", "w.yaml", "--interval", "2026-11-01/2026-11-02", "--no-progress", "-q")
+
+
+def warehouse(db: str) -> dict[str, str]:
+    return {"WH": f"sqlite://u:{CANARY}@/{db}"}
+
+
+def crash_then_rerun(root: Path, db: str) -> subprocess.CompletedProcess[str]:
+    """A run killed after its target commit, then the rerun that must settle it."""
+    env = warehouse(db)
+    assert run_dpone(RUN, cwd=root, env=env, failpoints="after:fence.mutate=kill").returncode == -9
+    return run_dpone(RUN, cwd=root, env=env)
 
 
 def test_require_certified_stops_recovery_without_evidence(tmp_path: Path) -> None:
     """Without evidence a crash in COMMITTING ends in COMMIT_UNKNOWN, and the run says why."""
     write_orders_csv(tmp_path / "orders.csv", 50)
-    (tmp_path / "w.yaml").write_text(POLICY, encoding="utf-8")
-    assert run_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=kill").returncode == -9
-    proc = run_dpone(RUN, cwd=tmp_path)
+    (tmp_path / "w.yaml").write_text(BASE + POLICY + f"target: {SQLITE}\n", encoding="utf-8")
+    proc = crash_then_rerun(tmp_path, "wh.db")
     assert proc.returncode == 3
     assert "require_certified" in proc.stderr
     assert "dpone certify" in proc.stderr
 
 
-def test_evidence_counts_only_for_its_own_database(tmp_path: Path) -> None:
-    """Evidence is bound to connector, capability and target database: with valid
-    evidence for this database recovery is automatic again; for another it is not.
+def test_sqlite_route_is_verified_and_its_evidence_counts_only_for_its_own_database(
+    tmp_path: Path,
+) -> None:
+    """Every check VERIFIED on SQLite, with figures, and no secret in the evidence. The
+    evidence is bound to connector, capability and target database: for this database
+    recovery is automatic again; for another it is not.
 
-    One certification serves both halves (a campaign costs about 25 s here)."""
+    One certification serves all three (a campaign costs about 20-25 s)."""
     write_orders_csv(tmp_path / "orders.csv", 50)
-    (tmp_path / "w.yaml").write_text(POLICY, encoding="utf-8")
-    assert run_dpone(("certify", "w.yaml"), cwd=tmp_path, timeout=600).returncode == 0
+    code, report = certify(tmp_path, SQLITE, env=warehouse("wh.db"), policy=POLICY)
+    assert code == 0, report
+    assert report["verdict"] == "VERIFIED"
+    assert set(statuses(report).values()) == {"VERIFIED"}
+    crash = next(c for c in report["checks"] if c["name"] == "crash_matrix")
+    assert crash["figures"]["duplicates"] == 0
+    assert crash["figures"]["kills"] > 5
+    assert report["server_version"].startswith("SQLite")
     # another database: this evidence does not count, the crash stays COMMIT_UNKNOWN
-    other = POLICY.replace("sqlite:///wh.db", f"sqlite:///other-{uuid.uuid4().hex[:6]}.db")
-    (tmp_path / "w.yaml").write_text(other, encoding="utf-8")
-    assert run_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=kill").returncode == -9
-    assert run_dpone(RUN, cwd=tmp_path).returncode == 3
+    other = crash_then_rerun(tmp_path, f"other-{uuid.uuid4().hex[:6]}.db")
+    assert other.returncode == 3, other.stderr
+    assert CANARY not in other.stdout + other.stderr
     # the certified database: the same crash recovers by itself
-    (tmp_path / "w.yaml").write_text(POLICY, encoding="utf-8")
-    assert run_dpone(RUN, cwd=tmp_path, failpoints="after:fence.mutate=kill").returncode == -9
-    proc = run_dpone(RUN, cwd=tmp_path)
+    proc = crash_then_rerun(tmp_path, "wh.db")
     assert proc.returncode == 0, proc.stderr
