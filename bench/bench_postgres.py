@@ -14,6 +14,10 @@
    directly), beside the plain loop and dpone itself, and where dpone's client CPU goes
    by phase (bench_floor).
 
+Every run first prints what the host gives every contender alike (host_profile): its Python
+speed, a round trip and a commit. The small budgets are ratios over a plain loop whose time
+is client CPU on one host and round trips and WAL flushes on another (docs/benchmarks.md).
+
 Usage: python bench/bench_postgres.py [--dsn postgresql://postgres@127.0.0.1:5432/test]
        [--rows 1000000] [--repeat 3] [--ops 2000] [--turns 500] [--only bulk|small|floor]
        [--private] [--warm]
@@ -246,6 +250,52 @@ def bench_bulk(
             round(f / p, 3) for p, f in zip(times["plain_copy"], times["forward"], strict=True)
         ],
     }
+
+
+def host_profile(dsn: str, *, batches: int = 3, each: int = 1000) -> dict[str, float]:
+    """What this host gives every contender alike, printed before the figures that depend
+    on it: the small budgets are ratios over the plain loop, whose time is mostly the
+    client's CPU on one host and the server's round trips and WAL flush on another.
+
+    ``python_ms``: one million iterations of a plain Python loop (this client's CPU speed);
+    ``select1_ms``: a ``SELECT 1`` round trip; ``commit_ms``: a one-row INSERT and its
+    COMMIT (the round trips and the WAL flush). Each the median of ``batches`` batches.
+    """
+
+    def python_loop() -> float:
+        began = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i
+        return (time.perf_counter() - began) * 1000
+
+    def per_call(call: Callable[[], object]) -> float:
+        began = time.perf_counter()
+        for _ in range(each):
+            call()
+        return (time.perf_counter() - began) * 1000 / each
+
+    def select_one() -> None:
+        conn.execute("SELECT 1").fetchone()
+
+    def commit_one() -> None:
+        # a table of its own schema: a temporary table's commit flushes no WAL
+        txn.execute(f'INSERT INTO "{schema}".host_profile VALUES (1)')
+        txn.commit()
+
+    with (
+        _fresh_schema(dsn) as schema,
+        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.connect(dsn) as txn,
+    ):
+        txn.execute(f'CREATE TABLE "{schema}".host_profile (n int)')
+        txn.commit()
+        figures = {
+            "python_ms": [python_loop() for _ in range(batches)],
+            "select1_ms": [per_call(select_one) for _ in range(batches)],
+            "commit_ms": [per_call(commit_one) for _ in range(batches)],
+        }
+    return {name: round(statistics.median(values), 4) for name, values in figures.items()}
 
 
 def wal_syncs(dsn: str) -> int:
@@ -834,6 +884,7 @@ def main() -> None:
     # file's parse there; --warm rounds find it, as every later run of a file does
     os.environ["DPONE_CACHE_DIR"] = str(work / "cache")
     compile_dpone()
+    print("host:", json.dumps(host_profile(args.dsn)), flush=True)
     checks: dict[str, bool] = {}
     try:
         if args.only in (None, "bulk"):
