@@ -36,7 +36,14 @@ from tests.airflow.test_delivery_trigger import (
     rest_workload,
     run_attempts,
 )
-from tests.airflow.test_scheduler import _free_port, _scheduler_env, _wait_for_api
+from tests.airflow.test_scheduler import (
+    SCHEDULER,
+    TRIGGERER,
+    _free_port,
+    _scheduler_env,
+    _stop_all,
+    _wait_for_api,
+)
 from tests.fixtures.receiver import RECEIVER_TOKEN
 from tests.integration.test_delivery import TOKEN_ENV
 
@@ -317,10 +324,12 @@ def _deferral_scenario(
     else:
         services = []
     procs = [_start(af, argv, env, work / f"{argv[1]}.log") for argv in services]
+    # the triggerer needs no api-server (3.x gives it an in-process execution API): it
+    # starts up while the api-server does
+    triggerer = _start(af, TRIGGERER, env, work / "triggerer.log")
     if af.major >= 3:
         _wait_for_api(port)
-    procs.append(_start(af, ["airflow", "scheduler"], env, work / "scheduler.log"))
-    triggerer = _start(af, ["airflow", "triggerer"], env, work / "triggerer.log")
+    procs.append(_start(af, SCHEDULER, env, work / "scheduler.log"))
     seen: dict[str, Any] = {"deferred_s": 0.0, "running_s": 0.0, "killed": None}
     started = time.monotonic()
     last = started
@@ -345,12 +354,11 @@ def _deferral_scenario(
                     _stop(triggerer, signal.SIGKILL)  # the triggerer dies mid-deferral
                     seen["killed"] = {"lease": lease, "at": now - started}
                     on_killed()
-                    triggerer = _start(af, ["airflow", "triggerer"], env, work / "triggerer.log")
+                    triggerer = _start(af, TRIGGERER, env, work / "triggerer.log")
             last = now
             time.sleep(0.3)
     finally:
-        for proc in [*procs, triggerer]:
-            _stop(proc)
+        _stop_all([*procs, triggerer])
     seen.update(
         states=states,
         seconds=time.monotonic() - started,

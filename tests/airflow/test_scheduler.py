@@ -46,6 +46,9 @@ DAG_ID = "dpone_regions"
 #: a capability-``none`` workload killed in COMMITTING: its retry must stop, not rewrite
 UNKNOWN_DAG_ID = "dpone_events"
 DEADLINE_S = 200
+#: the tests read task logs from files: no log server (one process less to start)
+SCHEDULER = ["airflow", "scheduler", "--skip-serve-logs"]
+TRIGGERER = ["airflow", "triggerer", "--skip-serve-logs"]
 
 DAG_FILE = """
 from datetime import datetime, timedelta, timezone
@@ -115,6 +118,28 @@ def _wait_for_api(port: int, timeout: float = 120) -> None:
             pass
         time.sleep(0.5)
     raise AssertionError(f"the api-server did not answer on {port} within {timeout}s")
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process group at once, then wait (SIGKILL what is left after 15 s).
+
+    The shutdowns overlap: stopping one service after the other cost seconds per service.
+    """
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 15
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
 
 
 def _dag_run_states(home: Path) -> dict[str, str] | None:
@@ -205,10 +230,10 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
         commands = [
             ["airflow", "api-server", "--port", str(port)],
             ["airflow", "dag-processor"],
-            ["airflow", "scheduler"],
+            SCHEDULER,
         ]
     else:
-        commands = [["airflow", "scheduler"]]
+        commands = [SCHEDULER]
     logs = [(work / f"{c[1]}.log").open("w") for c in commands]
     procs = [
         subprocess.Popen(
@@ -232,17 +257,7 @@ def _scenario(airflow: Airflow, tmp: Path) -> dict[str, object]:
                 break
             time.sleep(0.3)
     finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop_all(procs)
         for log in logs:
             log.close()
     service_logs = "\n".join(
