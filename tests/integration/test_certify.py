@@ -24,10 +24,14 @@ load: {strategy: append}
 """
 
 
+def write_workload(root: Path, target: str, *, policy: str = "") -> None:
+    (root / "w.yaml").write_text(BASE + policy + f"target: {target}\n", encoding="utf-8")
+
+
 def certify(
     root: Path, target: str, env: dict[str, str] | None = None, *, policy: str = ""
 ) -> tuple[int, dict]:
-    (root / "w.yaml").write_text(BASE + policy + f"target: {target}\n", encoding="utf-8")
+    write_workload(root, target, policy=policy)
     proc = run_dpone(("certify", "w.yaml", "--json"), cwd=root, env=env, timeout=600)
     assert "Traceback" not in proc.stderr, proc.stderr
     report = json.loads(proc.stdout)
@@ -122,7 +126,7 @@ def crash_then_rerun(root: Path, db: str) -> subprocess.CompletedProcess[str]:
 def test_require_certified_stops_recovery_without_evidence(tmp_path: Path) -> None:
     """Without evidence a crash in COMMITTING ends in COMMIT_UNKNOWN, and the run says why."""
     write_orders_csv(tmp_path / "orders.csv", 50)
-    (tmp_path / "w.yaml").write_text(BASE + POLICY + f"target: {SQLITE}\n", encoding="utf-8")
+    write_workload(tmp_path, SQLITE, policy=POLICY)
     proc = crash_then_rerun(tmp_path, "wh.db")
     assert proc.returncode == 3
     assert "require_certified" in proc.stderr
